@@ -120,6 +120,7 @@ def docs(session: nox.Session) -> None:
     """Build each package's site with --strict, then run every Python example in the docs."""
     _install_all(session)
     session.install("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
     for package in PACKAGES:
         session.run(
             "mkdocs", "build", "--strict", "-f", f"docs/{package}/mkdocs.yml", "-d", str(ROOT / "site" / package)
