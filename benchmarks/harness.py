@@ -1,0 +1,178 @@
+"""Recording, timing and comparing benchmark measurements.
+
+A suite is a module ``benchmarks/suites/<name>.py`` with a function ``run(rec)``; it measures things
+and calls ``rec.record(...)`` once per measurement. Speed is reported as a ratio against a reference
+run in the same process wherever one exists, so results are comparable across machines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.metadata
+import json
+import os
+import pkgutil
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import benchmarks.suites
+
+_SOFTWARE = (
+    "ponente-namedtensor",
+    "ponente-datacache",
+    "ponente-models",
+    "ponente-trainer",
+    "jax",
+    "jaxlib",
+    "numpy",
+    "tensorstore",
+    "tokenizers",
+)
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe the machine: platform, CPU count, and accelerators if JAX is already imported."""
+    info: dict[str, Any] = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    # Only describe accelerators if a suite already imported JAX: the harness itself must not need it.
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        devices = jax.devices()
+        info["jax_backend"] = jax.default_backend()
+        info["devices"] = [d.device_kind for d in devices]
+    return info
+
+
+def software_info() -> dict[str, str]:
+    """Versions of Ponente's packages and the libraries benchmarks exercise (absent ones omitted)."""
+    found = {}
+    for dist in _SOFTWARE:
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 10) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeat`` calls, after ``warmup`` untimed calls.
+
+    ``fn`` must block until its work is done (for JAX, call ``.block_until_ready()`` on the result).
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@dataclass
+class Recorder:
+    """Collects measurements of one suite and writes them as JSON lines.
+
+    Args:
+        suite: name of the suite being run.
+        stream: where each record is written as it is made (one JSON object per line), or None.
+    """
+
+    suite: str
+    stream: TextIO | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, name: str, metric: str, value: float, unit: str, **extra: Any) -> dict[str, Any]:
+        """Record one measurement: ``value`` ``unit`` of ``metric`` for the benchmark ``name``.
+
+        Extra keyword arguments (shapes, sizes, notes) are stored with the record.
+        """
+        row: dict[str, Any] = {
+            "suite": self.suite,
+            "name": name,
+            "metric": metric,
+            "value": float(value),
+            "unit": unit,
+            **extra,
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        self.records.append(row)
+        if self.stream is not None:
+            self.stream.write(json.dumps({**row, "machine": machine_info(), "software": software_info()}) + "\n")
+            self.stream.flush()
+        print(f"{self.suite}/{name}: {metric} = {value:.6g} {unit}", flush=True)
+        return row
+
+
+def available_suites() -> list[str]:
+    """Names of the modules in ``benchmarks/suites``."""
+    return sorted(m.name for m in pkgutil.iter_modules(benchmarks.suites.__path__) if not m.name.startswith("_"))
+
+
+def run_suite(suite: str, stream: TextIO | None = None) -> Recorder:
+    """Import ``benchmarks.suites.<suite>`` and run it, writing its records to ``stream``.
+
+    Raises:
+        ValueError: if no suite of that name exists; the message lists the available ones.
+    """
+    if suite not in available_suites():
+        raise ValueError(f"unknown benchmark suite {suite!r}; available: {', '.join(available_suites())}")
+    module = importlib.import_module(f"benchmarks.suites.{suite}")
+    rec = Recorder(suite, stream)
+    module.run(rec)
+    return rec
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines results file.
+
+    Raises:
+        ValueError: naming the file and line of a line that is not a JSON object with the required keys.
+    """
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            missing = {"suite", "name", "metric", "value", "unit"} - set(row)
+            if missing:
+                raise ValueError(f"{path}:{lineno}: record lacks {sorted(missing)}")
+            records.append(row)
+    return records
+
+
+def compare(
+    baseline: Iterable[dict[str, Any]], candidate: Iterable[dict[str, Any]]
+) -> list[tuple[str, float, float, float]]:
+    """Pair records by (suite, name, metric) and return ``(key, baseline, candidate, candidate/baseline)``.
+
+    When a key occurs several times in a file, its last value counts. Keys present in only one file are left out.
+    """
+
+    def index(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {f"{r['suite']}/{r['name']}/{r['metric']} [{r['unit']}]": r for r in rows}
+
+    a, b = index(baseline), index(candidate)
+    out = []
+    for key in sorted(a.keys() & b.keys()):
+        va, vb = float(a[key]["value"]), float(b[key]["value"])
+        out.append((key, va, vb, vb / va if va else float("nan")))
+    return out

@@ -1,0 +1,1 @@
+"""Benchmark suites: each module defines ``run(rec: benchmarks.harness.Recorder) -> None``."""
