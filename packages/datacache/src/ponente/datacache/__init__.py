@@ -4,3 +4,58 @@ This package never imports JAX: everything it returns is NumPy.
 """
 
 __version__ = "0.1.0"
+
+from ponente.datacache.builder import build_cache
+from ponente.datacache.errors import (
+    BadRecordError,
+    CacheNotFoundError,
+    DataCacheError,
+    FingerprintMismatchError,
+    MissingExtraError,
+)
+from ponente.datacache.ledger import Ledger, ShardProgress
+from ponente.datacache.processor import BatchProcessor, PassthroughProcessor, TokenizerProcessor, load_tokenizer
+from ponente.datacache.source import BadInput, FileSource, Source, expand_inputs
+from ponente.datacache.store import CacheDataset, open_cache
+
+__all__ = [
+    "BadInput",
+    "BadRecordError",
+    "BatchProcessor",
+    "CacheDataset",
+    "CacheNotFoundError",
+    "DataCacheError",
+    "FileSource",
+    "FingerprintMismatchError",
+    "Ledger",
+    "MissingExtraError",
+    "PassthroughProcessor",
+    "ShardProgress",
+    "Source",
+    "TokenizerProcessor",
+    "build_cache",
+    "expand_inputs",
+    "load_tokenizer",
+    "open_cache",
+]
+
+# --- exports of the datasets layer (maintained by DC2) ---
+from ponente.datacache.dataset import Dataset, InMemoryTokenStore, TokenStore
+from ponente.datacache.mixture import MixtureDataset, StopStrategy, block_counts
+from ponente.datacache.permutation import FeistelPermutation, PermutationDataset
+from ponente.datacache.shuffle import EpochDataset, EraShuffleDataset
+from ponente.datacache.token_seq import TokenSeqDataset
+
+__all__ += [
+    "Dataset",
+    "EpochDataset",
+    "EraShuffleDataset",
+    "FeistelPermutation",
+    "InMemoryTokenStore",
+    "MixtureDataset",
+    "PermutationDataset",
+    "StopStrategy",
+    "TokenSeqDataset",
+    "TokenStore",
+    "block_counts",
+]

@@ -174,19 +174,17 @@ class _Parser:
 
 
 def _check_unique(side: Side, expression: str) -> None:
+    # Group names ("C" in "(C: C H W)") live apart from the identifiers they group.
     seen: set[str] = set()
     for capture in side.captures:
         if capture is Ellipsis:
             continue
-        names = list(capture.axes)
-        if capture.is_group and capture.binding is not None:
-            names.append(capture.binding)
-        for name in names:
+        for name in capture.axes:
             if name in seen:
-                raise AxisExpressionError(f"axis {name!r} occurs more than once on one side", expression, capture.position)
-        seen.update(capture.axes)
-        if capture.binding is not None:
-            seen.add(capture.binding)
+                raise AxisExpressionError(
+                    f"axis {name!r} occurs more than once on one side", expression, capture.position
+                )
+            seen.add(name)
 
 
 def parse_rearrangement(expression: str) -> tuple[Side, Side]:

@@ -52,12 +52,12 @@ def ensure_tuple(x: Sequence[T] | T | None) -> tuple[T, ...]:
     if x is None:
         return ()
     if isinstance(x, str | bytes | dict):
-        return (x,)  # type: ignore[return-value]
+        return (x,)
     if isinstance(x, tuple):
         return x
-    if isinstance(x, Sequence) or hasattr(x, "__iter__") and not hasattr(x, "shape"):
-        return tuple(x)  # type: ignore[arg-type]
-    return (x,)  # type: ignore[return-value]
+    if isinstance(x, Sequence) or (hasattr(x, "__iter__") and not hasattr(x, "shape")):
+        return tuple(x)
+    return (x,)
 
 
 def index_where(pred: Any, xs: Sequence[T]) -> int:

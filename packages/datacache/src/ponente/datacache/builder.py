@@ -1,0 +1,293 @@
+"""Build a cache: read a source, process batches on a backend, commit rows in source order.
+
+Batches are cut from the shards in order, processed in parallel (local processes or Ray actors), and
+committed strictly in order by this process, which alone writes to the store: array data first, then the
+ledger (the commit pointer). So the bytes of the cache depend only on the inputs and the processor, a
+reader sees every row as soon as it is committed, and a build killed at any instant resumes from its last
+committed batch (finished shards are never redone, no row is lost or repeated).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ponente.datacache.backends import Processed, make_backend, map_ordered
+from ponente.datacache.errors import BAD_RECORD_KINDS, EMPTY, BadRecordError, FingerprintMismatchError
+from ponente.datacache.ledger import FORMAT_VERSION, MAX_SKIP_EXAMPLES, Ledger, describe_differences, fingerprint
+from ponente.datacache.processor import BatchProcessor, TokenizerProcessor
+from ponente.datacache.source import BadInput, FileSource, Source
+from ponente.datacache.store import CacheDataset, StoreWriter, open_cache, read_ledger
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+BAD_RECORD_POLICIES = ("error", "skip")
+"""Values of ``bad_records``."""
+
+
+@dataclass
+class _Batch:
+    shard: int
+    next_row: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    nbytes: int = 0
+    shard_done: bool = False
+
+
+def _batches(
+    source: Source,
+    ledger: Ledger,
+    processor: BatchProcessor,
+    *,
+    bad_records: str,
+    keep_empty: bool,
+    batch_rows: int,
+    batch_bytes: int,
+) -> Iterator[_Batch]:
+    """Cut the unfinished shards into batches, applying the bad-record policy; see the module docstring."""
+    for index, progress in enumerate(ledger.shards):
+        if progress.finished:
+            continue
+        batch = _Batch(index, progress.rows_read)
+        for row, item, nbytes in source.open_shard(progress.name, progress.rows_read):
+            batch.nbytes += nbytes
+            if isinstance(item, BadInput):
+                problem: tuple[str, str, str] | None = (item.kind, item.location, item.detail)
+            else:
+                checked = processor.check(item)
+                problem = None if checked is None else (checked[0], source.locate(progress.name, row), checked[1])
+            if problem is None or (problem[0] == EMPTY and keep_empty):
+                batch.records.append(item)  # type: ignore[arg-type]
+            else:
+                kind, location, detail = problem
+                if kind in BAD_RECORD_KINDS and bad_records == "error":
+                    if batch.records or batch.skipped:
+                        yield batch  # keep the work before the bad record; a resumed build starts at it
+                    raise BadRecordError(kind, location, detail)
+                batch.skipped[kind] = batch.skipped.get(kind, 0) + 1
+                if len(batch.examples) < MAX_SKIP_EXAMPLES:
+                    batch.examples.append(f"{location}: {kind}: {detail}")
+            if row >= 0:
+                batch.next_row = row + 1
+            if len(batch.records) >= batch_rows or batch.nbytes >= batch_bytes:
+                yield batch
+                batch = _Batch(index, batch.next_row)
+        batch.shard_done = True
+        yield batch
+
+
+class _Progress:
+    """A tqdm bar with rows/s, tokens/s and input MB/s (silent when disabled)."""
+
+    def __init__(self, enabled: bool, rows: int, shards: int) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(initial=rows, unit=" rows", unit_scale=True, dynamic_ncols=True, desc="building")
+        self._start = time.monotonic()
+        self._tokens = 0
+        self._bytes = 0
+        self._shards = shards
+
+    def update(self, rows: int, tokens: int, nbytes: int, shards_done: int) -> None:
+        self._tokens += tokens
+        self._bytes += nbytes
+        if self._bar is None:
+            return
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        self._bar.set_postfix_str(
+            f"{self._tokens / elapsed:,.0f} tok/s, {self._bytes / elapsed / 1e6:.1f} MB/s, "
+            f"shards {shards_done}/{self._shards}",
+            refresh=False,
+        )
+        self._bar.update(rows)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _resolve_processor(
+    tokenizer: Tokenizer | str | os.PathLike[str] | None,
+    processor: BatchProcessor | None,
+    text_key: str,
+    bos: str | None,
+    eos: str | None,
+) -> BatchProcessor:
+    if (tokenizer is None) == (processor is None):
+        raise ValueError("pass exactly one of tokenizer=... (to tokenize text) or processor=... (any BatchProcessor)")
+    if processor is not None:
+        if bos is not None or eos is not None:
+            raise ValueError("bos/eos apply to tokenizer=...; configure them on the processor you pass")
+        return processor
+    assert tokenizer is not None
+    return TokenizerProcessor(tokenizer, text_key=text_key, bos=bos, eos=eos)
+
+
+def build_cache(
+    inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Source,
+    output: str | os.PathLike[str],
+    *,
+    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    processor: BatchProcessor | None = None,
+    text_key: str = "text",
+    bos: str | None = None,
+    eos: str | None = None,
+    backend: str = "local",
+    workers: int | None = None,
+    bad_records: str = "error",
+    keep_empty: bool = False,
+    rebuild: bool = False,
+    txt_mode: str = "file",
+    format: str | None = None,
+    progress: bool = True,
+    batch_rows: int = 1024,
+    batch_bytes: int = 4 << 20,
+) -> CacheDataset:
+    """Build (or resume, or just open when finished) the cache of ``inputs`` at ``output``.
+
+    Args:
+        inputs: Paths, globs or fsspec URLs with brace expansion (jsonl, json, txt, parquet; gz, zst, bz2, xz),
+            or any :class:`~ponente.datacache.source.Source` (e.g. :class:`~ponente.datacache.HFSource`).
+        output: Cache location: a local directory, ``memory://name``, ``gs://...`` or ``s3://...``.
+        tokenizer: Tokenize the ``text_key`` field with this tokenizer (``tokenizer.json``, a directory
+            containing one, a hub id, or a ``tokenizers.Tokenizer``). Exclusive with ``processor``.
+        processor: Any :class:`~ponente.datacache.processor.BatchProcessor` instead of a tokenizer.
+        text_key: Record field holding the text (and the key given to documents of txt files).
+        bos: Token to put before every document (with ``tokenizer``), or ``None``.
+        eos: Token to put after every document (with ``tokenizer``), or ``None``.
+        backend: ``"local"`` (worker processes on this machine) or ``"ray"`` (joins ``RAY_ADDRESS`` or starts
+            a local Ray).
+        workers: Worker processes or actors; ``0`` processes in this process; default: the CPU count.
+        bad_records: ``"error"`` stops at the first bad record naming file and line (the cache stays
+            resumable); ``"skip"`` skips bad records and counts them per kind in the ledger.
+        keep_empty: Keep empty documents as (short) rows instead of skipping and counting them.
+        rebuild: Delete whatever is at ``output`` and build from scratch.
+        txt_mode: For txt files: ``"file"`` (one document per file) or ``"line"`` (one per line).
+        format: Force the input format (``jsonl``, ``json``, ``txt``, ``parquet``) instead of the extension's.
+        progress: Show a progress bar (rows/s, tokens/s, MB/s) on stderr.
+        batch_rows: Most records per batch (unit of work and of commit).
+        batch_bytes: Most input bytes per batch.
+
+    Returns:
+        The finished cache, opened for reading.
+
+    Raises:
+        FingerprintMismatchError: If ``output`` holds a cache of other inputs/processor/options (the message
+            lists what differs) and ``rebuild`` is false.
+        BadRecordError: On bad input under ``bad_records="error"``; rows before it are committed.
+        ValueError: On invalid options.
+        KeyboardInterrupt: On Ctrl-C, after stopping the workers; the cache stays resumable.
+
+    Example:
+        >>> cache = build_cache("corpus/*.jsonl.gz", "/data/cache", tokenizer="tokenizer.json")  # doctest: +SKIP
+        >>> len(cache), cache[0]["input_ids"]  # doctest: +SKIP
+    """
+    if bad_records not in BAD_RECORD_POLICIES:
+        raise ValueError(f"bad_records must be one of {BAD_RECORD_POLICIES}, found {bad_records!r}")
+    if batch_rows < 1 or batch_bytes < 1:
+        raise ValueError(f"batch_rows and batch_bytes must be positive, found {batch_rows} and {batch_bytes}")
+    output = str(output)
+    chosen = _resolve_processor(tokenizer, processor, text_key, bos, eos)
+    if isinstance(inputs, Source):
+        source = inputs
+    else:
+        paths = [str(inputs)] if isinstance(inputs, str | os.PathLike) else [str(p) for p in inputs]
+        source = FileSource(paths, text_key=text_key, txt_mode=txt_mode, format=format)
+    parts = {
+        "format_version": FORMAT_VERSION,
+        "source": source.describe(),
+        "processor": chosen.config(),
+        "keep_empty": keep_empty,
+    }
+    fields = dict(chosen.fields)
+
+    existing = None
+    try:
+        existing = read_ledger(output)
+    except ValueError:
+        if not rebuild:
+            raise
+    if existing is not None and not rebuild and existing.fingerprint != fingerprint(parts):
+        differences = describe_differences(existing.fingerprint_parts, parts) or ["fingerprint hash"]
+        raise FingerprintMismatchError(
+            f"the cache at {output!r} was built from something else; what differs: {'; '.join(differences)}. "
+            "Pass rebuild=True (--rebuild) to delete it and build again, or choose another output."
+        )
+    if rebuild:
+        existing = None
+    if existing is not None and existing.finished:
+        logger.info("cache at %s is already finished (%d rows)", output, existing.rows)
+        return open_cache(output)
+
+    writer = StoreWriter(output, fields, create=existing is None)
+    ledger = existing or Ledger.new(parts, fields, list(source.shard_names))
+    if existing is None:
+        writer.commit(ledger)
+    else:
+        logger.info("resuming the cache at %s from row %d", output, ledger.rows)
+    worker_count = (os.cpu_count() or 1) if workers is None else workers
+    bar = _Progress(progress, ledger.rows, len(ledger.shards))
+    pool = make_backend(backend, chosen, worker_count)
+    first_field = next(iter(fields))
+
+    def empty() -> Processed:
+        return {name: (np.empty(0, dtype=dtype), np.empty(0, dtype=np.int64)) for name, dtype in fields.items()}
+
+    batches = _batches(
+        source,
+        ledger,
+        chosen,
+        bad_records=bad_records,
+        keep_empty=keep_empty,
+        batch_rows=batch_rows,
+        batch_bytes=batch_bytes,
+    )
+    try:
+        for batch, result in map_ordered(pool, batches, lambda b: b.records, empty):
+            writer.append(ledger.rows, ledger.lengths, result)
+            rows = len(result[first_field][1])
+            ledger.rows += rows
+            for name, (flat, _) in result.items():
+                ledger.lengths[name] += len(flat)
+            shard = ledger.shards[batch.shard]
+            shard.rows_read = batch.next_row
+            shard.rows_written += rows
+            shard.finished = batch.shard_done
+            for kind, count in batch.skipped.items():
+                shard.skipped[kind] = shard.skipped.get(kind, 0) + count
+                ledger.skipped[kind] = ledger.skipped.get(kind, 0) + count
+            room = MAX_SKIP_EXAMPLES - len(ledger.skip_examples)
+            ledger.skip_examples.extend(batch.examples[: max(0, room)])
+            writer.commit(ledger)
+            done = batch.shard + 1 if batch.shard_done else batch.shard
+            bar.update(rows, len(result[first_field][0]), batch.nbytes, done)
+        ledger.finished = True
+        writer.commit(ledger)
+    except BaseException:
+        pool.close(abort=True)
+        raise
+    finally:
+        bar.close()
+    pool.close(abort=False)
+    if ledger.skipped:
+        logger.warning(
+            "cache %s: skipped records by kind: %s (first: %s)",
+            output,
+            dict(sorted(ledger.skipped.items())),
+            ledger.skip_examples[:3],
+        )
+    logger.info("cache %s finished: %d rows, %s", output, ledger.rows, ledger.lengths)
+    return open_cache(output)

@@ -1,0 +1,110 @@
+"""Axis and the axis-spec helpers, checked against plain-Python reference implementations."""
+
+import math
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import pytest
+from named_strategies import axes_st
+from hypothesis import given
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis
+
+
+def test_axis_is_frozen_value_with_alias_and_resize():
+    ax = Axis("embed", 8)
+    assert ax == Axis("embed", 8) and hash(ax) == hash(Axis("embed", 8))
+    assert ax.alias("out") == Axis("out", 8)
+    assert ax.resize(3) == Axis("embed", 3)
+    with pytest.raises(AttributeError):
+        ax.size = 3  # type: ignore[misc]
+
+
+def test_make_axes_and_names_sizes():
+    Batch, Embed = hax.make_axes(batch=4, embed=8)
+    assert Batch == Axis("batch", 4) and Embed == Axis("embed", 8)
+    assert hax.axis_name(Batch) == "batch"
+    assert hax.axis_name("x") == "x"
+    assert hax.axis_name((Batch, "y")) == ("batch", "y")
+    assert hax.axis_name({"p": 1, "q": 2}) == ("p", "q")
+    assert hax.axis_size((Batch, Embed)) == 32
+    assert hax.axis_size({"a": 3, "b": 5}) == 15
+    assert hax.axis_size(()) == 1
+    with pytest.raises(TypeError, match="'x'"):
+        hax.axis_size(("x",))
+
+
+@given(axes_st(), axes_st())
+def test_concat_axes_matches_reference(a1, a2):
+    names1 = {a.name for a in a1}
+    if any(a.name in names1 for a in a2):
+        with pytest.raises(ValueError, match="appear in both"):
+            hax.concat_axes(a1, a2)
+    else:
+        assert hax.concat_axes(a1, a2) == a1 + a2
+        d = hax.concat_axes({a.name: a.size for a in a1}, a2)
+        assert d == {a.name: a.size for a in a1 + a2}
+
+
+@given(axes_st(), axes_st())
+def test_union_intersect_without(a1, a2):
+    sizes1 = {a.name: a.size for a in a1}
+    conflict = any(a.name in sizes1 and sizes1[a.name] != a.size for a in a2)
+    if conflict:
+        with pytest.raises(ValueError):
+            hax.union_axes(a1, a2)
+        with pytest.raises(ValueError):
+            hax.intersect_axes(a1, a2)
+        with pytest.raises(ValueError):
+            hax.without_axes(a1, a2)
+        assert hax.without_axes(a1, a2, allow_mismatched_sizes=True) == tuple(
+            a for a in a1 if a.name not in {b.name for b in a2}
+        )
+        return
+    expected_union = a1 + tuple(a for a in a2 if a.name not in sizes1)
+    assert hax.union_axes(a1, a2) == expected_union
+    names2 = {a.name for a in a2}
+    assert hax.intersect_axes(a1, a2) == tuple(a for a in a1 if a.name in names2)
+    assert hax.without_axes(a1, a2) == tuple(a for a in a1 if a.name not in names2)
+
+
+@given(axes_st(min_axes=1), st.data())
+def test_eliminate_and_replace(axes, data):
+    victim = data.draw(st.sampled_from(axes))
+    assert hax.eliminate_axes(axes, victim.name) == tuple(a for a in axes if a != victim)
+    with pytest.raises(ValueError, match="'zz'"):
+        hax.eliminate_axes(axes, "zz")
+    new = (Axis("x1", 2), Axis("x2", 3))
+    i = axes.index(victim)
+    assert hax.replace_axis(axes, victim, new) == axes[:i] + new + axes[i + 1 :]
+    with pytest.raises(ValueError, match="'zz'"):
+        hax.replace_axis(axes, "zz", new)
+
+
+@given(axes_st(min_axes=1), st.data())
+def test_resolve_and_selects(axes, data):
+    sub = data.draw(st.lists(st.sampled_from(axes), unique=True, min_size=1))
+    names = tuple(a.name for a in sub)
+    assert hax.resolve_axis(axes, names) == tuple(sub)
+    assert hax.resolve_axis(axes, names[0]) == sub[0]
+    assert hax.resolve_axis(axes, {n: None for n in names}) == {a.name: a.size for a in sub}
+    assert hax.selects_axis(axes, names)
+    assert hax.selects_axis(axes, tuple(sub))
+    assert not hax.selects_axis(axes, "zz")
+    assert not hax.selects_axis(axes, sub[0].resize(sub[0].size + 1))
+    with pytest.raises(ValueError, match="not found"):
+        hax.resolve_axis(axes, "zz")
+    with pytest.raises(ValueError, match="size"):
+        hax.resolve_axis(axes, sub[0].resize(sub[0].size + 1))
+    assert hax.axis_size(tuple(sub)) == math.prod(a.size for a in sub)
+
+
+def test_dslice_dblock():
+    assert hax.dslice(2, 3).to_slice() == slice(2, 5)
+    assert hax.ds is hax.dslice
+    assert hax.dblock(3, 4).to_slice() == slice(12, 16)
+    assert hax.dslice.block(1, 5).to_slice() == slice(5, 10)
+    with pytest.raises(TypeError):
+        jax.jit(lambda i: hax.dslice(i, 2).to_slice())(jnp.int32(1))
