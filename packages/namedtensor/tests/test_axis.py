@@ -6,8 +6,8 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import pytest
-from named_strategies import axes_st
 from hypothesis import given
+from named_strategies import axes_st
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis
@@ -15,7 +15,8 @@ from ponente.namedtensor import Axis
 
 def test_axis_is_frozen_value_with_alias_and_resize():
     ax = Axis("embed", 8)
-    assert ax == Axis("embed", 8) and hash(ax) == hash(Axis("embed", 8))
+    assert ax == Axis("embed", 8)
+    assert hash(ax) == hash(Axis("embed", 8))
     assert ax.alias("out") == Axis("out", 8)
     assert ax.resize(3) == Axis("embed", 3)
     with pytest.raises(AttributeError):
@@ -24,7 +25,8 @@ def test_axis_is_frozen_value_with_alias_and_resize():
 
 def test_make_axes_and_names_sizes():
     Batch, Embed = hax.make_axes(batch=4, embed=8)
-    assert Batch == Axis("batch", 4) and Embed == Axis("embed", 8)
+    assert Batch == Axis("batch", 4)
+    assert Embed == Axis("embed", 8)
     assert hax.axis_name(Batch) == "batch"
     assert hax.axis_name("x") == "x"
     assert hax.axis_name((Batch, "y")) == ("batch", "y")
@@ -89,7 +91,7 @@ def test_resolve_and_selects(axes, data):
     names = tuple(a.name for a in sub)
     assert hax.resolve_axis(axes, names) == tuple(sub)
     assert hax.resolve_axis(axes, names[0]) == sub[0]
-    assert hax.resolve_axis(axes, {n: None for n in names}) == {a.name: a.size for a in sub}
+    assert hax.resolve_axis(axes, dict.fromkeys(names)) == {a.name: a.size for a in sub}
     assert hax.selects_axis(axes, names)
     assert hax.selects_axis(axes, tuple(sub))
     assert not hax.selects_axis(axes, "zz")

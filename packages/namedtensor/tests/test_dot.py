@@ -72,7 +72,9 @@ def test_dot_axis_none_contracts_everything():
     y = hax.named(jnp.arange(3.0), "w")
     result = hax.dot(x, y, axis=None)
     assert result.axes == ()
-    assert float(result.array) == pytest.approx(float(np.einsum("hw,w->", np.arange(6.0).reshape(2, 3), np.arange(3.0))))
+    assert float(result.array) == pytest.approx(
+        float(np.einsum("hw,w->", np.arange(6.0).reshape(2, 3), np.arange(3.0)))
+    )
 
 
 def test_dot_partial_out_axes_with_ellipsis():
@@ -100,7 +102,7 @@ def test_dot_errors_name_the_axis():
     x = _ones({"h": 2, "w": 3})
     with pytest.raises(ValueError, match="'missing'"):
         hax.dot(x, x, axis="missing")
-    with pytest.raises(ValueError, match="'w' has size 3 .* but 4"):
+    with pytest.raises(ValueError, match=r"'w' has size 3 .* but 4"):
         hax.dot(x, _ones({"w": 4}), axis="w")
     with pytest.raises(TypeError, match="keyword"):
         hax.dot(x, x)
@@ -123,3 +125,9 @@ def test_dot_under_jit_and_grad():
     grad = jax.jit(jax.grad(loss))(w)
     assert grad.axes == w.axes
     np.testing.assert_allclose(grad.array, np.arange(6.0).reshape(2, 3).sum(0))
+
+
+def test_method_form_delegates_to_dot():
+    x = NamedArray(jnp.arange(6.0).reshape(2, 3), (Axis("h", 2), Axis("w", 3)))
+    y = NamedArray(jnp.arange(3.0), (Axis("w", 3),))
+    np.testing.assert_array_equal(x.dot(y, axis="w").array, np.arange(6.0).reshape(2, 3) @ np.arange(3.0))

@@ -81,7 +81,9 @@ def test_output_only_matches_numpy(arrays, data):
 
 def _xw():
     rng = np.random.default_rng(0)
-    x = NamedArray(jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float32), (Axis("H", 2), Axis("W", 3), Axis("D", 4)))
+    x = NamedArray(
+        jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float32), (Axis("H", 2), Axis("W", 3), Axis("D", 4))
+    )
     w = NamedArray(jnp.asarray(rng.standard_normal(4), jnp.float32), (Axis("D", 4),))
     return x, w
 

@@ -471,7 +471,7 @@ class dslice(eqx.Module):  # noqa: N801 (Haliax's name)
     Use it to index a named array along an axis at a start computed under ``jit``:
     ``x["pos", hax.dslice(i, 4)]``. ``ds`` is an alias.
 
-    Args:
+    Attributes:
         start: the first index (a Python int or a traced integer scalar).
         size: the static number of elements.
 

@@ -983,8 +983,8 @@ def unbind(array: NamedArray, axis: AxisSelector) -> list[NamedArray]:
 
     Example:
         >>> import jax.numpy as jnp
-        >>> [x.item() for x in unbind(named(jnp.arange(3), "a"), "a")]
-        [0, 1, 2]
+        >>> tuple(x.item() for x in unbind(named(jnp.arange(3), "a"), "a"))
+        (0, 1, 2)
     """
     i = array._index_of(axis)
     rest = array.axes[:i] + array.axes[i + 1 :]

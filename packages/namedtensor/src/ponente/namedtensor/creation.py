@@ -266,6 +266,6 @@ def tile(a: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
             per_axis[name] = r
         else:
             new_axes.append(Axis(name, r))
-    arr = jnp.tile(a.array, tuple([1] * len(new_axes) + [per_axis[ax.name] for ax in a.axes]))
+    arr = jnp.tile(a.array, tuple([ax.size for ax in new_axes] + [per_axis[ax.name] for ax in a.axes]))
     axes = tuple(new_axes) + tuple(ax.resize(ax.size * per_axis[ax.name]) for ax in a.axes)
     return NamedArray(arr, axes)

@@ -109,7 +109,9 @@ class _Context:
             raise self.error(f"axis {name!r} is in none of the arrays {tuple(self.by_name)}", capture.position)
         axis = self.by_name[name]
         if isinstance(alias, Axis) and alias.size != axis.size:
-            raise self.error(f"alias {label}={alias} has size {alias.size} but the arrays have {axis}", capture.position)
+            raise self.error(
+                f"alias {label}={alias} has size {alias.size} but the arrays have {axis}", capture.position
+            )
         return axis
 
 

@@ -193,9 +193,9 @@ def scan(
     Example:
         >>> import ponente.namedtensor as hax
         >>> x = hax.arange({"time": 4})
-        >>> carry, ys = hax.scan(lambda c, xt: (c + xt, c), "time")(0, x)
-        >>> int(carry), ys.axes
-        (6, (Axis(name='time', size=4),))
+        >>> carry, ys = hax.scan(lambda c, xt: (c + xt.scalar(), c), "time")(0, x)
+        >>> int(carry), ys.tolist()
+        (6, [0, 0, 1, 3])
     """
 
     def scanned(init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:

@@ -1,0 +1,517 @@
+"""PyTorch-style flat state dicts (``{"layers.0.mlp.weight": array}``) for modules, and safetensors files.
+
+:func:`to_state_dict` walks a module: each field contributes its name to the key (lists and tuples
+their index), and a module can rename or drop key components with ``_state_dict_key_map()`` (see
+:class:`ModuleWithStateDictSerialization`). Stacked layers (``nn.Stacked``) become numbered
+per-layer keys. :func:`to_torch_compatible_state_dict` additionally flattens multi-axis ``Linear``
+weights to PyTorch's 2-D ``(out, in)`` layout; :func:`from_torch_compatible_state_dict` undoes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, cast
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .axis import Axis
+from .core import NamedArray
+
+__all__ = [
+    "ModuleWithStateDictSerialization",
+    "StateDict",
+    "flatten_linear_layers",
+    "from_state_dict",
+    "from_torch_compatible_state_dict",
+    "load_state_dict",
+    "save_state_dict",
+    "stack_state_dict",
+    "to_numpy_state_dict",
+    "to_state_dict",
+    "to_torch_compatible_state_dict",
+    "unflatten_linear_layers",
+    "unstack_state_dict",
+    "with_prefix",
+]
+
+T = TypeVar("T")
+
+StateDict = dict[str, Any]
+"""A flat mapping from dotted keys (``"layers.0.attn.q_proj.weight"``) to arrays."""
+
+_FLAT_OUT = "__OUT__"
+_FLAT_IN = "__IN__"
+
+
+def with_prefix(prefix: str | None, leaf: str | None) -> str | None:
+    """Join two key components with a dot; None on either side means "nothing to add".
+
+    Args:
+        prefix: the outer key, or None.
+        leaf: the inner component, or None.
+
+    Returns:
+        ``"prefix.leaf"``, or whichever is not None (None if both are).
+
+    Example:
+        >>> with_prefix("model", "embed"), with_prefix(None, "embed"), with_prefix("model", None)
+        ('model.embed', 'embed', 'model')
+    """
+    if prefix is None:
+        return leaf
+    if leaf is None:
+        return prefix
+    return f"{prefix}.{leaf}"
+
+
+class ModuleWithStateDictSerialization(eqx.Module):
+    """Base class for modules that customize their state-dict keys.
+
+    Override ``_state_dict_key_map`` to rename fields (``{"weight": "kernel"}``) or to drop a level
+    (``{"inner": None}`` puts ``inner``'s keys directly under this module's prefix). For full control,
+    override ``to_state_dict``/``from_state_dict`` (that is how ``nn.Stacked`` numbers its layers).
+
+    Example:
+        >>> import ponente.namedtensor as hax
+        >>> class Norm(ModuleWithStateDictSerialization):
+        ...     scale: hax.NamedArray
+        ...     def _state_dict_key_map(self):
+        ...         return {"scale": "weight"}
+        >>> list(to_state_dict(Norm(hax.ones({"embed": 2})), "ln"))
+        ['ln.weight']
+    """
+
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        """Field name -> key component (None: no component). Fields not listed keep their names."""
+        return {}
+
+    def to_state_dict(self, prefix: str | None = None) -> StateDict:
+        """This module's arrays as a flat state dict under ``prefix``.
+
+        Args:
+            prefix: the key of this module (None at the root).
+
+        Returns:
+            The state dict.
+        """
+        return _fields_to_state_dict(self, prefix, self._state_dict_key_map())
+
+    def from_state_dict(self: T, state_dict: Mapping[str, Any], prefix: str | None = None) -> T:
+        """A copy of this module with its arrays read from ``state_dict`` under ``prefix``.
+
+        Args:
+            state_dict: the flat state dict.
+            prefix: the key of this module (None at the root).
+
+        Returns:
+            The new module.
+        """
+        module = cast(ModuleWithStateDictSerialization, self)
+        return cast(T, _fields_from_state_dict(module, state_dict, prefix, module._state_dict_key_map()))
+
+
+def _fields(module: eqx.Module) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(module) if not f.metadata.get("static", False)]
+
+
+def _fields_to_state_dict(module: eqx.Module, prefix: str | None, key_map: Mapping[str, str | None]) -> StateDict:
+    out: StateDict = {}
+    for field in _fields(module):
+        out.update(to_state_dict(getattr(module, field.name), with_prefix(prefix, key_map.get(field.name, field.name))))
+    return out
+
+
+def _replace_fields(module: Any, updates: Mapping[str, Any]) -> Any:
+    """A copy of ``module`` with some fields replaced, bypassing ``__init__`` (as pytree unflattening does)."""
+    new = object.__new__(type(module))
+    for field in dataclasses.fields(module):
+        object.__setattr__(new, field.name, updates.get(field.name, getattr(module, field.name)))
+    return new
+
+
+def _fields_from_state_dict(
+    module: eqx.Module, state_dict: Mapping[str, Any], prefix: str | None, key_map: Mapping[str, str | None]
+) -> eqx.Module:
+    updates = {
+        f.name: from_state_dict(getattr(module, f.name), state_dict, with_prefix(prefix, key_map.get(f.name, f.name)))
+        for f in _fields(module)
+    }
+    return _replace_fields(module, updates)  # type: ignore[no-any-return]
+
+
+def to_state_dict(tree: Any, prefix: str | None = None) -> StateDict:
+    """Flatten the arrays of a module (or any pytree) into a dict keyed by dotted paths.
+
+    NamedArrays contribute their array (axes in stored order); plain arrays themselves; lists and
+    tuples number their entries; dicts use their keys; other values (configuration, None) nothing.
+
+    Args:
+        tree: the module or pytree.
+        prefix: a key prefix for everything (None: none).
+
+    Returns:
+        The state dict (values are JAX arrays).
+
+    Raises:
+        ValueError: if the root itself is an array and no ``prefix`` is given.
+
+    Example:
+        >>> import ponente.namedtensor as hax
+        >>> sorted(to_state_dict({"w": hax.ones({"embed": 2}), "layers": [hax.zeros({"embed": 2})]}))
+        ['layers.0', 'w']
+    """
+    if isinstance(tree, ModuleWithStateDictSerialization):
+        return tree.to_state_dict(prefix)
+    if isinstance(tree, NamedArray) or eqx.is_array(tree):
+        if prefix is None:
+            raise ValueError("to_state_dict: an array needs a key; pass prefix=...")
+        return {prefix: tree.array if isinstance(tree, NamedArray) else tree}
+    if isinstance(tree, eqx.Module):
+        return _fields_to_state_dict(tree, prefix, {})
+    if isinstance(tree, (list, tuple)):
+        out: StateDict = {}
+        for i, item in enumerate(tree):
+            out.update(to_state_dict(item, with_prefix(prefix, str(i))))
+        return out
+    if isinstance(tree, Mapping):
+        out = {}
+        for key, item in tree.items():
+            out.update(to_state_dict(item, with_prefix(prefix, str(key))))
+        return out
+    return {}
+
+
+def _missing_key(key: str, state_dict: Mapping[str, Any]) -> KeyError:
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    near = sorted(k for k in state_dict if k.startswith(parent))[:8] if parent else []
+    hint = f"; keys under {parent!r}: {near}" if near else f"; the state dict has {len(state_dict)} keys"
+    return KeyError(f"from_state_dict: key {key!r} is missing from the state dict{hint}")
+
+
+def _load_array(template: Any, value: Any, key: str) -> Any:
+    shape = tuple(template.shape) if not isinstance(template, NamedArray) else tuple(template.array.shape)
+    found = tuple(np.shape(value))
+    if found != shape:
+        what = f"axes {template.axes}" if isinstance(template, NamedArray) else f"shape {shape}"
+        raise ValueError(f"from_state_dict: {key!r} should have {what} (shape {shape}), but has shape {found}")
+    raw = template.array if isinstance(template, NamedArray) else template
+    array = jnp.asarray(value, dtype=raw.dtype)
+    sharding = getattr(raw, "sharding", None)
+    if isinstance(raw, jax.Array) and not isinstance(raw, jax.core.Tracer) and sharding is not None:
+        array = jax.device_put(array, sharding)
+    return NamedArray(array, template.axes) if isinstance(template, NamedArray) else array
+
+
+def from_state_dict(tree: T, state_dict: Mapping[str, Any], prefix: str | None = None) -> T:
+    """A copy of ``tree`` (the template) with every array read from ``state_dict``.
+
+    Keys are computed as in :func:`to_state_dict`. Loaded arrays take the template's dtype and, for
+    placed JAX arrays, its sharding.
+
+    Args:
+        tree: the template module or pytree (its shapes are checked against the state dict).
+        state_dict: the flat state dict (NumPy or JAX arrays).
+        prefix: the key prefix of ``tree``.
+
+    Returns:
+        The loaded module or pytree.
+
+    Raises:
+        KeyError: if a key is missing (the message names it and lists nearby keys).
+        ValueError: if an array has the wrong shape (the message names the key and both shapes).
+
+    Example:
+        >>> import numpy as np, ponente.namedtensor as hax
+        >>> w = from_state_dict({"w": hax.zeros({"embed": 2})}, {"w": np.ones(2)})["w"]
+        >>> w.array.tolist()
+        [1.0, 1.0]
+    """
+    if isinstance(tree, ModuleWithStateDictSerialization):
+        return tree.from_state_dict(state_dict, prefix)
+    if isinstance(tree, NamedArray) or eqx.is_array(tree):
+        if prefix is None:
+            raise ValueError("from_state_dict: an array needs a key; pass prefix=...")
+        if prefix not in state_dict:
+            raise _missing_key(prefix, state_dict)
+        return _load_array(tree, state_dict[prefix], prefix)  # type: ignore[no-any-return]
+    if isinstance(tree, eqx.Module):
+        return _fields_from_state_dict(tree, state_dict, prefix, {})  # type: ignore[return-value]
+    if isinstance(tree, (list, tuple)):
+        items = [from_state_dict(item, state_dict, with_prefix(prefix, str(i))) for i, item in enumerate(tree)]
+        return type(tree)(items) if isinstance(tree, list) or type(tree) is tuple else type(tree)(*items)  # type: ignore[return-value]
+    if isinstance(tree, Mapping):
+        return type(tree)(  # type: ignore[call-arg]
+            {k: from_state_dict(v, state_dict, with_prefix(prefix, str(k))) for k, v in tree.items()}
+        )
+    return tree
+
+
+def unstack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_layers: int) -> StateDict:
+    """Split stacked arrays into numbered per-layer keys: ``prefix.key`` (leading dim n) -> ``prefix.i.key``.
+
+    Keys outside ``prefix`` are copied unchanged.
+
+    Args:
+        state_dict: a state dict whose arrays under ``prefix`` have a leading layers dimension.
+        prefix: the key of the stack (None: every key).
+        num_layers: the size of the layers dimension.
+
+    Returns:
+        The per-layer state dict.
+
+    Raises:
+        ValueError: if an array under ``prefix`` does not have ``num_layers`` entries along dim 0.
+
+    Example:
+        >>> import numpy as np
+        >>> sorted(unstack_state_dict({"layers.w": np.zeros((2, 3))}, "layers", 2))
+        ['layers.0.w', 'layers.1.w']
+    """
+    out: StateDict = {}
+    head = "" if prefix is None else prefix + "."
+    for key, value in state_dict.items():
+        if not key.startswith(head):
+            out[key] = value
+            continue
+        rest = key[len(head) :]
+        if np.ndim(value) == 0 or np.shape(value)[0] != num_layers:
+            raise ValueError(
+                f"stacked state dict entry {key!r} should have {num_layers} layers along its first dimension, "
+                f"but has shape {np.shape(value)}"
+            )
+        for i in range(num_layers):
+            out[f"{head}{i}.{rest}"] = value[i]
+    return out
+
+
+def stack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_layers: int) -> StateDict:
+    """Inverse of :func:`unstack_state_dict`: numbered keys ``prefix.i.key`` are stacked into ``prefix.key``.
+
+    Args:
+        state_dict: the per-layer state dict.
+        prefix: the key of the stack (None: the root).
+        num_layers: the number of layers expected.
+
+    Returns:
+        A state dict with the stacked entries (and every key not under ``prefix.<digit>`` unchanged).
+
+    Raises:
+        KeyError: if a layer is missing a key that another layer has (the message names it).
+
+    Example:
+        >>> import numpy as np
+        >>> stack_state_dict({"layers.0.w": np.zeros(3), "layers.1.w": np.ones(3)}, "layers", 2)["layers.w"].shape
+        (2, 3)
+    """
+    head = "" if prefix is None else prefix + "."
+    per_layer: dict[str, dict[int, Any]] = {}
+    out: StateDict = {}
+    for key, value in state_dict.items():
+        if key.startswith(head):
+            index, sep, rest = key[len(head) :].partition(".")
+            if sep and index.isdigit():
+                if int(index) >= num_layers:
+                    raise ValueError(f"state dict key {key!r} is for layer {index}, but there are only {num_layers}")
+                per_layer.setdefault(rest, {})[int(index)] = value
+                continue
+        out[key] = value
+    for rest, layers in per_layer.items():
+        missing = [i for i in range(num_layers) if i not in layers]
+        if missing:
+            raise KeyError(f"state dict key {head}{missing[0]}.{rest!s} is missing (layers {missing} lack {rest!r})")
+        values = [layers[i] for i in range(num_layers)]
+        stack = jnp.stack if any(isinstance(v, jax.Array) for v in values) else np.stack
+        out[f"{head}{rest}"] = stack(values)
+    return out
+
+
+def _is_linear(x: Any) -> bool:
+    from .nn.linear import Linear  # lazy: nn imports this module
+
+    return isinstance(x, Linear)
+
+
+def _axes_of(spec: Any) -> tuple[Axis, ...]:
+    if isinstance(spec, Axis):
+        return (spec,)
+    if isinstance(spec, Mapping):
+        return tuple(Axis(k, v) for k, v in spec.items())
+    return tuple(spec)
+
+
+def _flatten_named(x: NamedArray, outs: Sequence[Axis], ins: Sequence[Axis]) -> NamedArray:
+    """Transpose ``x`` to (other axes..., outs..., ins...) and merge ``outs`` and ``ins`` into one axis each."""
+    out_names = [a.name for a in outs]
+    in_names = [a.name for a in ins]
+    names = [a.name for a in x.axes]
+    others = [a for a in x.axes if a.name not in out_names and a.name not in in_names]
+    order = [names.index(a.name) for a in others]
+    order += [names.index(n) for n in out_names if n in names] + [names.index(n) for n in in_names if n in names]
+    new_axes = list(others)
+    if any(n in names for n in out_names):
+        new_axes.append(Axis(_FLAT_OUT, int(np.prod([a.size for a in outs]))))
+    if any(n in names for n in in_names):
+        new_axes.append(Axis(_FLAT_IN, int(np.prod([a.size for a in ins]))))
+    array = jnp.reshape(jnp.transpose(x.array, order), tuple(a.size for a in new_axes))
+    return NamedArray(array, tuple(new_axes))
+
+
+def _unflatten_named(flat: NamedArray, template: NamedArray, outs: Sequence[Axis], ins: Sequence[Axis]) -> NamedArray:
+    out_names = {a.name for a in outs}
+    in_names = {a.name for a in ins}
+    others = [a for a in template.axes if a.name not in out_names and a.name not in in_names]
+    present_outs = [a for a in outs if a.name in template.axis_names]
+    present_ins = [a for a in ins if a.name in template.axis_names]
+    unflat_axes = others + present_outs + present_ins
+    array = jnp.reshape(flat.array, tuple(a.size for a in unflat_axes))
+    names = [a.name for a in unflat_axes]
+    array = jnp.transpose(array, [names.index(a.name) for a in template.axes])
+    return NamedArray(array, template.axes)
+
+
+def flatten_linear_layers(tree: T) -> T:
+    """Replace every ``nn.Linear`` in ``tree`` by one whose weight is 2-D ``(out, in)`` (PyTorch's layout).
+
+    Multi-axis ``In``/``Out`` (e.g. ``Out = (Heads, HeadSize)``) are merged into single axes named
+    ``__OUT__`` and ``__IN__``; any other weight axes (such as a stacked layers axis) stay in front.
+    The bias becomes 1-D over ``__OUT__``.
+
+    Args:
+        tree: a module or pytree.
+
+    Returns:
+        The same structure with flattened ``Linear`` layers (not callable on the original inputs).
+    """
+
+    def flatten(x: Any) -> Any:
+        if not _is_linear(x):
+            return x
+        outs, ins = _axes_of(x.Out), _axes_of(x.In)
+        weight = _flatten_named(x.weight, outs, ins)
+        bias = None if x.bias is None else _flatten_named(x.bias, outs, ins)
+        n_out = int(np.prod([a.size for a in outs]))
+        n_in = int(np.prod([a.size for a in ins]))
+        return _replace_fields(x, {"weight": weight, "bias": bias, "Out": Axis(_FLAT_OUT, n_out), "In": Axis(_FLAT_IN, n_in)})
+
+    return jax.tree_util.tree_map(flatten, tree, is_leaf=_is_linear)  # type: ignore[no-any-return]
+
+
+def unflatten_linear_layers(template: T, flattened: Any) -> T:
+    """Inverse of :func:`flatten_linear_layers`: reshape the flattened ``Linear`` layers back to ``template``'s axes.
+
+    Args:
+        template: the original module (gives the axes).
+        flattened: the same structure with flattened ``Linear`` layers (e.g. loaded from a state dict).
+
+    Returns:
+        ``flattened`` with every ``Linear`` reshaped to the template's weight and bias axes.
+    """
+
+    def unflatten(tmpl: Any, flat: Any) -> Any:
+        if not _is_linear(tmpl):
+            return flat
+        outs, ins = _axes_of(tmpl.Out), _axes_of(tmpl.In)
+        weight = _unflatten_named(flat.weight, tmpl.weight, outs, ins)
+        bias = None if tmpl.bias is None else _unflatten_named(flat.bias, tmpl.bias, outs, ins)
+        return _replace_fields(tmpl, {"weight": weight, "bias": bias})
+
+    return jax.tree_util.tree_map(unflatten, template, flattened, is_leaf=_is_linear)  # type: ignore[no-any-return]
+
+
+def to_numpy_state_dict(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Copy every array of ``state_dict`` to host memory as a NumPy array.
+
+    Args:
+        state_dict: the state dict.
+
+    Returns:
+        A dict with the same keys and NumPy values.
+    """
+    return {k: np.asarray(jax.device_get(v)) for k, v in state_dict.items()}
+
+
+def to_torch_compatible_state_dict(tree: Any, *, flatten: bool = True, prefix: str | None = None) -> dict[str, np.ndarray]:
+    """A state dict in PyTorch's conventions: NumPy arrays, ``Linear`` weights 2-D ``(out, in)``.
+
+    Stacked layers appear as numbered keys (``layers.0.…``), so a ``Stacked`` model exports like a
+    PyTorch ``ModuleList``.
+
+    Args:
+        tree: the module.
+        flatten: flatten multi-axis ``Linear`` weights (see :func:`flatten_linear_layers`).
+        prefix: a key prefix.
+
+    Returns:
+        The state dict.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> from ponente.namedtensor.nn import Linear
+        >>> lin = Linear.init(hax.Axis("embed", 4), (hax.Axis("heads", 2), hax.Axis("head", 3)), key=jax.random.key(0))
+        >>> to_torch_compatible_state_dict(lin)["weight"].shape
+        (6, 4)
+    """
+    if flatten:
+        tree = flatten_linear_layers(tree)
+    return to_numpy_state_dict(to_state_dict(tree, prefix))
+
+
+def from_torch_compatible_state_dict(
+    tree: T, state_dict: Mapping[str, Any], *, unflatten: bool = True, prefix: str | None = None
+) -> T:
+    """Load a PyTorch-convention state dict (see :func:`to_torch_compatible_state_dict`) into template ``tree``.
+
+    Args:
+        tree: the template module.
+        state_dict: the state dict (2-D ``Linear`` weights when ``unflatten``).
+        unflatten: the state dict's ``Linear`` weights are 2-D and must be reshaped to ``tree``'s axes.
+        prefix: the key prefix.
+
+    Returns:
+        The loaded module.
+
+    Raises:
+        KeyError: if a key is missing.
+        ValueError: if an array has the wrong shape.
+    """
+    if not unflatten:
+        return from_state_dict(tree, state_dict, prefix)
+    loaded = from_state_dict(flatten_linear_layers(tree), state_dict, prefix)
+    return unflatten_linear_layers(tree, loaded)
+
+
+def save_state_dict(state_dict: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write ``state_dict`` to a safetensors file (arrays are gathered to host memory).
+
+    Args:
+        state_dict: the state dict.
+        path: the file to write.
+    """
+    from safetensors.numpy import save_file
+
+    arrays = {k: np.ascontiguousarray(v) for k, v in to_numpy_state_dict(state_dict).items()}
+    save_file(arrays, os.fspath(path))
+
+
+def load_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read a safetensors file into a state dict of NumPy arrays.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The state dict.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    from safetensors.numpy import load_file
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"load_state_dict: no such safetensors file: {os.fspath(path)!r}")
+    return load_file(os.fspath(path))
