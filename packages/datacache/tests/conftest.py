@@ -12,10 +12,36 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-WORDS = (
-    "the quick brown fox jumps over a lazy dog while data caches tokens into shards and rows "
-    "ledger commit pointer resume reader writer zarr ünïcödé 東京 émoji 🙂"
-).split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "data",
+    "caches",
+    "tokens",
+    "into",
+    "shards",
+    "and",
+    "rows",
+    "ledger",
+    "commit",
+    "pointer",
+    "resume",
+    "reader",
+    "writer",
+    "zarr",
+    "ünïcödé",
+    "東京",
+    "émoji",
+    "🙂",
+]
 
 
 def make_documents(count: int, seed: int = 0, max_words: int = 40) -> list[str]:
@@ -63,7 +89,9 @@ def write_jsonl(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
-def reference_ids(tokenizer: Tokenizer, docs: list[str], bos: int | None = None, eos: int | None = None) -> list[list[int]]:
+def reference_ids(
+    tokenizer: Tokenizer, docs: list[str], bos: int | None = None, eos: int | None = None
+) -> list[list[int]]:
     """Token ids of ``docs`` from the raw ``tokenizers`` ``encode_batch``, with optional BOS/EOS ids."""
     pre = [bos] if bos is not None else []
     post = [eos] if eos is not None else []

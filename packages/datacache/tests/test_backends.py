@@ -25,14 +25,18 @@ def test_map_ordered_keeps_order_and_drains_before_raising() -> None:
         raise RuntimeError("bad record at 10")
 
     backend = LocalBackend(processor, 2)
+    seen = []
+
+    def consume() -> None:
+        for item, result in map_ordered(backend, items(), _records, _empty):
+            flat, lengths = result["input_ids"]
+            seen.append(item)
+            assert flat.tolist() == [t for r in _records(item) for t in r["input_ids"]]
+            assert lengths.tolist() == [len(r["input_ids"]) for r in _records(item)]
+
     try:
-        seen = []
         with pytest.raises(RuntimeError, match="bad record at 10"):
-            for item, (flat, lengths) in map_ordered(backend, items(), _records, _empty):
-                seen.append(item)
-                expected = [t for r in _records(item) for t in r["input_ids"]]
-                assert flat.tolist() == expected
-                assert lengths.tolist() == [len(r["input_ids"]) for r in _records(item)]
+            consume()
         assert seen == list(range(10))
     finally:
         backend.close(abort=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -45,10 +44,14 @@ def corpus(write_jsonl: Callable[..., Path], helpers: type) -> tuple[list[Path],
     return paths, docs
 
 
-def test_tokens_match_encode_batch(tmp_path: Path, corpus: tuple, tokenizer_path: Path, tokenizer: Tokenizer, helpers: type) -> None:
+def test_tokens_match_encode_batch(
+    tmp_path: Path, corpus: tuple, tokenizer_path: Path, tokenizer: Tokenizer, helpers: type
+) -> None:
     paths, docs = corpus
     pattern = str(paths[0].parent / "part{0..2}.jsonl*")
-    cache = build_cache(pattern, tmp_path / "cache", tokenizer=tokenizer_path, eos="<eos>", workers=0, progress=False, batch_rows=16)
+    cache = build_cache(
+        pattern, tmp_path / "cache", tokenizer=tokenizer_path, eos="<eos>", workers=0, progress=False, batch_rows=16
+    )
     assert cache.is_finished
     assert len(cache) == len(docs)
     expected = helpers.reference_ids(tokenizer, docs, eos=tokenizer.token_to_id("<eos>"))
@@ -59,7 +62,9 @@ def test_tokens_match_encode_batch(tmp_path: Path, corpus: tuple, tokenizer_path
 
 def test_memory_location(corpus: tuple, tokenizer_path: Path, tokenizer: Tokenizer, helpers: type) -> None:
     paths, docs = corpus
-    cache = build_cache([str(p) for p in paths], "memory://test_builder/cache", tokenizer=tokenizer_path, workers=0, progress=False)
+    cache = build_cache(
+        [str(p) for p in paths], "memory://test_builder/cache", tokenizer=tokenizer_path, workers=0, progress=False
+    )
     assert _rows("memory://test_builder/cache") == helpers.reference_ids(tokenizer, docs)
     assert cache.is_finished
 
@@ -69,7 +74,14 @@ def test_workers_give_identical_bytes(tmp_path: Path, corpus: tuple, tokenizer_p
     digests = []
     for workers, batch_rows in ((0, 1024), (1, 7), (2, 5)):
         out = tmp_path / f"cache{workers}"
-        build_cache([str(p) for p in paths], out, tokenizer=tokenizer_path, workers=workers, batch_rows=batch_rows, progress=False)
+        build_cache(
+            [str(p) for p in paths],
+            out,
+            tokenizer=tokenizer_path,
+            workers=workers,
+            batch_rows=batch_rows,
+            progress=False,
+        )
         digests.append(helpers.tree_digest(out))
     assert digests[0] == digests[1] == digests[2]
     assert len(digests[0]) <= 6  # ledger + two zarr.json + two shard files per field: few files
@@ -84,11 +96,15 @@ def test_ray_backend_gives_identical_bytes(
     paths, _ = corpus
     inputs = [str(p) for p in paths]
     build_cache(inputs, tmp_path / "local", tokenizer=tokenizer_path, workers=0, progress=False)
-    build_cache(inputs, tmp_path / "ray", tokenizer=tokenizer_path, backend="ray", workers=2, batch_rows=9, progress=False)
+    build_cache(
+        inputs, tmp_path / "ray", tokenizer=tokenizer_path, backend="ray", workers=2, batch_rows=9, progress=False
+    )
     assert helpers.tree_digest(tmp_path / "ray") == helpers.tree_digest(tmp_path / "local")
 
 
-def _start_build(tmp_path: Path, inputs: list[str], out: Path, tokenizer_path: Path, **options: object) -> subprocess.Popen:
+def _start_build(
+    tmp_path: Path, inputs: list[str], out: Path, tokenizer_path: Path, **options: object
+) -> subprocess.Popen:
     script = tmp_path / "build_script.py"
     script.write_text(
         textwrap.dedent(
@@ -144,15 +160,17 @@ def test_kill_9_then_resume_is_byte_identical(
     assert helpers.tree_digest(out) == helpers.tree_digest(reference)
 
 
-def test_resume_does_not_redo_finished_shards(tmp_path: Path, corpus: tuple, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    paths, docs = corpus
+def test_resume_does_not_redo_finished_shards(
+    tmp_path: Path, corpus: tuple, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, _docs = corpus
     inputs = [str(p) for p in paths]
     out = tmp_path / "cache"
+    # Stop in the middle of the last shard by making its 11th line bad.
+    lines = gzip.decompress(paths[2].read_bytes()).splitlines(keepends=True)
+    lines[10] = b"{broken\n"
+    paths[2].write_bytes(gzip.compress(b"".join(lines)))
     with pytest.raises(BadRecordError):
-        # Stop in the middle of the last shard by making its 11th line bad.
-        lines = gzip.decompress(paths[2].read_bytes()).splitlines(keepends=True)
-        lines[10] = b"{broken\n"
-        paths[2].write_bytes(gzip.compress(b"".join(lines)))
         build_cache(inputs, out, tokenizer=tokenizer_path, workers=0, progress=False, batch_rows=4)
     assert len(open_cache(out)) == 90
     opened: list[tuple[str, int]] = []
@@ -187,7 +205,8 @@ def test_readers_see_rows_while_building(
         assert [cache[i]["input_ids"].tolist() for i in range(early)] == expected[:early]  # type: ignore[index]
         assert cache.wait_until(timeout=120)  # type: ignore[attr-defined]
         assert process.wait(timeout=60) == 0
-        assert cache.is_finished and len(cache) == len(docs)  # type: ignore[attr-defined, arg-type]
+        assert cache.is_finished
+        assert len(cache) == len(docs)
         assert [r["input_ids"].tolist() for r in cache.get_batch(range(len(docs)))] == expected  # type: ignore[attr-defined]
     finally:
         process.kill()
@@ -237,7 +256,9 @@ def _bad_input(kind: str, tmp_path: Path) -> tuple[list[str], int, str]:
     return [str(good), str(missing)], 3, str(missing)
 
 
-@pytest.mark.parametrize("kind", [MALFORMED_JSON, MISSING_FIELD, WRONG_TYPE, INVALID_UTF8, TRUNCATED_FILE, UNREADABLE_PATH])
+@pytest.mark.parametrize(
+    "kind", [MALFORMED_JSON, MISSING_FIELD, WRONG_TYPE, INVALID_UTF8, TRUNCATED_FILE, UNREADABLE_PATH]
+)
 def test_bad_input_policies(tmp_path: Path, tokenizer_path: Path, helpers: type, kind: str) -> None:
     inputs, good_rows, location = _bad_input(kind, tmp_path)
     out = tmp_path / "error_then_skip"
@@ -266,14 +287,18 @@ def test_bad_input_policies(tmp_path: Path, tokenizer_path: Path, helpers: type,
     assert helpers.tree_digest(direct) == helpers.tree_digest(out)
 
 
-def test_empty_documents(tmp_path: Path, write_jsonl: Callable[..., Path], tokenizer_path: Path, tokenizer: Tokenizer, helpers: type) -> None:
+def test_empty_documents(
+    tmp_path: Path, write_jsonl: Callable[..., Path], tokenizer_path: Path, tokenizer: Tokenizer, helpers: type
+) -> None:
     docs = ["one", "", "two", ""]
     inputs = [str(write_jsonl("e.jsonl", docs))]
     eos = tokenizer.token_to_id("<eos>")
     skipped = build_cache(inputs, tmp_path / "skip", tokenizer=tokenizer_path, eos="<eos>", workers=0, progress=False)
     assert skipped.ledger.skipped == {EMPTY: 2}
     assert _rows(tmp_path / "skip") == helpers.reference_ids(tokenizer, ["one", "two"], eos=eos)
-    kept = build_cache(inputs, tmp_path / "keep", tokenizer=tokenizer_path, eos="<eos>", keep_empty=True, workers=0, progress=False)
+    kept = build_cache(
+        inputs, tmp_path / "keep", tokenizer=tokenizer_path, eos="<eos>", keep_empty=True, workers=0, progress=False
+    )
     assert kept.ledger.skipped == {}
     assert _rows(tmp_path / "keep") == helpers.reference_ids(tokenizer, docs, eos=eos)
 

@@ -25,7 +25,7 @@ def test_build_info_verify(
 ) -> None:
     docs = helpers.make_documents(30, seed=11)
     write_jsonl("in/a.jsonl", docs[:20], key="content")
-    write_jsonl("in/b.jsonl", docs[20:] + [""], key="content")
+    write_jsonl("in/b.jsonl", [*docs[20:], ""], key="content")
     out = tmp_path / "cache"
     argv = ["build", "--output", str(out), "--tokenizer", str(tokenizer_path), "--text-key", "content"]
     argv += ["--workers", "0", "--eos", "<eos>", "--no-progress", str(tmp_path / "in/{a,b}.jsonl")]
@@ -39,9 +39,12 @@ def test_build_info_verify(
 
     assert main(["info", str(out)]) == 0
     info = capsys.readouterr().out
-    assert "finished" in info and "rows:        30" in info and "empty=1" in info
+    assert "finished" in info
+    assert "rows:        30" in info
+    assert "empty=1" in info
     assert f"tokens:      {cache.num_tokens()}" in info
-    assert cache.ledger.fingerprint in info and "shards:      2 (2 finished)" in info
+    assert cache.ledger.fingerprint in info
+    assert "shards:      2 (2 finished)" in info
     assert main(["info", "--json", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 30
 
@@ -65,7 +68,9 @@ def test_build_info_verify(
     assert "31 rows are committed" in capsys.readouterr().out
 
 
-def test_errors_exit_1_with_a_message(tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_exit_1_with_a_message(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": 3}\n')
     argv = ["build", "-o", str(tmp_path / "c"), "--tokenizer", str(tokenizer_path), "--workers", "0", "--no-progress"]
@@ -78,4 +83,5 @@ def test_errors_exit_1_with_a_message(tmp_path: Path, tokenizer_path: Path, caps
 
 def test_console_script_is_installed(tmp_path: Path) -> None:
     result = subprocess.run(["ponente-cache", "--help"], capture_output=True, text=True, check=True)
-    assert "build" in result.stdout and "verify" in result.stdout
+    assert "build" in result.stdout
+    assert "verify" in result.stdout

@@ -52,10 +52,10 @@ def test_load_tokenizer_from_file_directory_and_offline_hub(
     reference = Tokenizer.from_file(str(tokenizer_path)).encode("some text").ids
     assert load_tokenizer(tokenizer_path).encode("some text").ids == reference
     assert load_tokenizer(tokenizer_path.parent).encode("some text").ids == reference
-    with pytest.raises(FileNotFoundError, match="has no tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer\.json"):
         load_tokenizer(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OSError, match="some-org/some-tokenizer.*HF_HUB_OFFLINE"):
+    with pytest.raises(OSError, match=r"some-org/some-tokenizer.*HF_HUB_OFFLINE"):
         load_tokenizer("some-org/some-tokenizer")
 
 

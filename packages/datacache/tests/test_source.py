@@ -17,7 +17,7 @@ from ponente.datacache import BadInput, FileSource, expand_inputs
 from ponente.datacache.errors import BLANK_LINE, INVALID_UTF8, MALFORMED_JSON, TRUNCATED_FILE, UNREADABLE_PATH
 from ponente.datacache.source import infer_format
 
-DOCS = ["first document", "zweites Dokument ünï", "東京 third", "a\ttab and \"quotes\"", "last one"]
+DOCS = ["first document", "zweites Dokument ünï", "東京 third", 'a\ttab and "quotes"', "last one"]
 COMPRESS = {
     "": lambda b: b,
     ".gz": gzip.compress,

@@ -57,7 +57,8 @@ def test_rows_and_flat_reads_match_numpy(big_cache: tuple[CacheDataset, list[lis
     flat = np.concatenate([np.asarray(r, dtype=np.int32) for r in rows])
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
     assert flat.size > 3 * CHUNK_ELEMENTS
-    assert len(cache) == len(rows) and cache.num_tokens() == flat.size
+    assert len(cache) == len(rows)
+    assert cache.num_tokens() == flat.size
     assert isinstance(cache, TokenStore)
     rng = np.random.default_rng(1)
     for _ in range(50):
@@ -76,7 +77,7 @@ def test_rows_and_flat_reads_match_numpy(big_cache: tuple[CacheDataset, list[lis
 
 
 def test_out_of_range_reads_are_clear_errors(big_cache: tuple[CacheDataset, list[list[int]]]) -> None:
-    cache, rows = big_cache
+    cache, _rows = big_cache
     with pytest.raises(IndexError, match="out of range: 400 rows are committed"):
         cache[400]
     with pytest.raises(IndexError, match="committed length"):
@@ -107,7 +108,8 @@ def test_only_committed_rows_are_visible_and_chunks_refresh(tmp_path: Path) -> N
     ledger = Ledger.new({"x": 1}, fields, ["s"])
     writer.commit(ledger)
     reader = open_cache(tmp_path / "c")
-    assert len(reader) == 0 and not reader.is_finished
+    assert len(reader) == 0
+    assert not reader.is_finished
     expected: list[int] = []
     for step in range(4):
         new = [list(range(step * 10, step * 10 + 7)), [step] * 3]
@@ -148,7 +150,8 @@ def test_wait_until(tmp_path: Path) -> None:
     timer.start()
     assert reader.wait_until(rows=1, timeout=30)
     assert reader.wait_until(rows=5, timeout=30)  # finished with fewer rows: the wait ends
-    assert len(reader) == 1 and reader.is_finished
+    assert len(reader) == 1
+    assert reader.is_finished
     timer.join()
 
 

@@ -11,5 +11,5 @@ from hypothesis import settings
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-settings.register_profile("ponente", max_examples=30, deadline=None)
+settings.register_profile("ponente", max_examples=15, deadline=None)
 settings.load_profile("ponente")

@@ -59,7 +59,9 @@ def test_gelu_exact_uses_erf():
 
 def test_elu_celu_alpha():
     x = hax.named(jnp.asarray(X), ("b", "e"))
-    np.testing.assert_allclose(nn.elu(x, alpha=2.0).array, np.where(X > 0, X, 2 * (np.exp(X) - 1)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        nn.elu(x, alpha=2.0).array, np.where(X > 0, X, 2 * (np.exp(X) - 1)), rtol=1e-5, atol=1e-6
+    )
     ref = np.maximum(X, 0) + np.minimum(2 * (np.exp(X / 2) - 1), 0)
     np.testing.assert_allclose(nn.celu(x, alpha=2.0).array, ref, rtol=1e-5, atol=1e-6)
 
@@ -77,5 +79,5 @@ def test_glu_halves_the_axis(half, other, axis_first):
 
 
 def test_glu_odd_axis_is_an_error():
-    with pytest.raises(ValueError, match="'mlp'.*even"):
+    with pytest.raises(ValueError, match=r"'mlp'.*even"):
         nn.glu(hax.ones({"mlp": 3}), "mlp")

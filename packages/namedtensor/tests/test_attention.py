@@ -56,14 +56,17 @@ def test_attention_over_tuple_of_key_axes():
     v2 = v.unflatten_axis("key_pos", (Blk, Inner))
     mask = attn.causal_mask(Pos, KPos).unflatten_axis("key_pos", (Blk, Inner))
     out = attn.dot_product_attention((Blk, Inner), Head, q, k2, v2, mask=mask)
-    _, ref = _np_attention(np.asarray(q.array), np.asarray(k.array), np.asarray(v.array), np.tril(np.ones((4, 4), bool)))
+    _, ref = _np_attention(
+        np.asarray(q.array), np.asarray(k.array), np.asarray(v.array), np.tril(np.ones((4, 4), bool))
+    )
     np.testing.assert_allclose(out.rearrange(("b", "pos", "heads", "head")).array, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_attention_dtype_and_errors():
     q, k, v = _qkv(2)
-    out = attn.dot_product_attention(KPos, Head, q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16),
-                                     attention_dtype=jnp.float32)
+    out = attn.dot_product_attention(
+        KPos, Head, q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), attention_dtype=jnp.float32
+    )
     assert out.dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="'pos'"):
         attn.dot_product_attention("pos", Head, q, k.rename({"key_pos": "pos"}), v.rename({"key_pos": "pos"}))
@@ -100,7 +103,7 @@ def test_segment_mask_loop_with_batch():
     m = attn.segment_mask(hax.named(ids, ("b", "q")), hax.named(ids, ("b", "k")))
     assert m.axis_names == ("b", "q", "k")
     for b in range(2):
-        np.testing.assert_array_equal(m.array[b], _loop_mask(5, 5, lambda i, j: ids[b, i] == ids[b, j]))
+        np.testing.assert_array_equal(m.array[b], _loop_mask(5, 5, lambda i, j, b=b: ids[b, i] == ids[b, j]))
 
 
 def test_combine_masks_and_bias():
@@ -110,7 +113,8 @@ def test_combine_masks_and_bias():
     either = attn.combine_masks_or(c, seg)
     np.testing.assert_array_equal(both.array, np.asarray(c.array) & np.asarray(seg.array))
     np.testing.assert_array_equal(either.array, np.asarray(c.array) | np.asarray(seg.array))
-    assert attn.combine_masks_and(None, c) is c and attn.combine_masks_or(c, None) is c
+    assert attn.combine_masks_and(None, c) is c
+    assert attn.combine_masks_or(c, None) is c
     assert attn.combine_masks_and(None, None) is None
     batched = hax.named(np.array([True, False]), "b")
     assert attn.combine_masks_and(c, batched).axis_names == ("q", "k", "b")

@@ -15,7 +15,7 @@ C, D = Axis("c", 4), Axis("d", 6)
 def _np_conv(x, w, stride, pads, dil, groups):
     """x: [b, c, *s], w: [o, c/g, *k]; naive correlation."""
     x = np.pad(x, [(0, 0), (0, 0), *pads])
-    b, c = x.shape[:2]
+    b, _c = x.shape[:2]
     o, cg = w.shape[:2]
     ks = w.shape[2:]
     out_sizes = [(x.shape[2 + i] - dil[i] * (ks[i] - 1) - 1) // stride[i] + 1 for i in range(len(ks))]
@@ -34,12 +34,21 @@ def _np_conv(x, w, stride, pads, dil, groups):
 
 
 @pytest.mark.parametrize(
-    "kernel,stride,padding,dilation,groups",
+    ("kernel", "stride", "padding", "dilation", "groups"),
     [(3, 1, 0, 1, 1), (3, 2, 1, 1, 2), ((2, 3), (1, 2), ((1, 0), (2, 1)), (2, 1), 1)],
 )
 def test_conv2d_matches_loop(kernel, stride, padding, dilation, groups):
-    conv = nn.Conv.init(("h", "w"), C, D, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                        key=jax.random.key(0))
+    conv = nn.Conv.init(
+        ("h", "w"),
+        C,
+        D,
+        kernel,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        key=jax.random.key(0),
+    )
     raw = np.random.default_rng(0).standard_normal((2, 4, 7, 6)).astype(np.float32)
     # named input with axes in a scrambled order: (w, b, c, h)
     x = hax.named(raw.transpose(3, 0, 1, 2), ("w", "b", "c", "h"))
@@ -47,7 +56,10 @@ def test_conv2d_matches_loop(kernel, stride, padding, dilation, groups):
     assert out.axis_names == ("b", "d", "h", "w")
     w = np.asarray(conv.weight.array)
     assert conv.weight.axis_names == ("d", "c", "h", "w")
-    ref = _np_conv(raw, w, conv.stride, list(conv.padding), conv.dilation, groups) + np.asarray(conv.bias.array)[:, None, None]
+    ref = (
+        _np_conv(raw, w, conv.stride, list(conv.padding), conv.dilation, groups)
+        + np.asarray(conv.bias.array)[:, None, None]
+    )
     np.testing.assert_allclose(out.array, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -62,7 +74,7 @@ def test_conv_same_padding_and_no_batch():
 
 def _np_conv_transpose(x, w, stride, pads, dil, out_pad):
     """Scatter definition: out[o, i*s + k*d - lo] += x[c, i] * w[o, c, k] (1-D, groups=1)."""
-    b, c, n = x.shape
+    b, _c, n = x.shape
     o, _, k = w.shape
     size = (n - 1) * stride - pads[0] - pads[1] + dil * (k - 1) + 1 + out_pad
     out = np.zeros((b, o, size))
@@ -74,10 +86,13 @@ def _np_conv_transpose(x, w, stride, pads, dil, out_pad):
     return out
 
 
-@pytest.mark.parametrize("stride,padding,dilation,out_pad", [(1, 0, 1, 0), (2, 1, 1, 1), (3, ((0, 2),), 2, 0)])
+@pytest.mark.parametrize(
+    ("stride", "padding", "dilation", "out_pad"), [(1, 0, 1, 0), (2, 1, 1, 1), (3, ((0, 2),), 2, 0)]
+)
 def test_conv_transpose_matches_scatter(stride, padding, dilation, out_pad):
-    layer = nn.ConvTranspose.init("t", C, D, 3, stride=stride, padding=padding, dilation=dilation,
-                                  output_padding=out_pad, key=jax.random.key(2))
+    layer = nn.ConvTranspose.init(
+        "t", C, D, 3, stride=stride, padding=padding, dilation=dilation, output_padding=out_pad, key=jax.random.key(2)
+    )
     raw = np.random.default_rng(2).standard_normal((2, 4, 5)).astype(np.float32)
     out = layer(hax.named(raw, ("b", "c", "t")))
     pads = (padding, padding) if isinstance(padding, int) else padding[0]
@@ -89,9 +104,22 @@ def test_conv_transpose_matches_scatter(stride, padding, dilation, out_pad):
 def test_conv_transpose_is_the_adjoint_of_conv():
     conv = nn.Conv.init("t", C, D, 3, stride=2, padding=1, use_bias=False, key=jax.random.key(3))
     # the transposed layer maps D -> C and shares the weight (Out=D rows, In=C columns) transposed
-    up = nn.ConvTranspose.init("t", D, C, 3, stride=2, padding=1, output_padding=1, use_bias=False, key=jax.random.key(4))
-    up = nn.ConvTranspose(hax.named(np.asarray(conv.weight.array).transpose(1, 0, 2), ("c", "d", "t")), None, up.Spatial,
-                          up.In, up.Out, up.kernel_size, up.stride, up.padding, up.dilation, up.groups, up.output_padding)
+    up = nn.ConvTranspose.init(
+        "t", D, C, 3, stride=2, padding=1, output_padding=1, use_bias=False, key=jax.random.key(4)
+    )
+    up = nn.ConvTranspose(
+        hax.named(np.asarray(conv.weight.array).transpose(1, 0, 2), ("c", "d", "t")),
+        None,
+        up.Spatial,
+        up.In,
+        up.Out,
+        up.kernel_size,
+        up.stride,
+        up.padding,
+        up.dilation,
+        up.groups,
+        up.output_padding,
+    )
     x = hax.random.normal(jax.random.key(5), (C, Axis("t", 8)))
     y = hax.random.normal(jax.random.key(6), (D, Axis("t", 4)))
     lhs = float(hax.sum(conv(x) * y).scalar())
@@ -105,7 +133,7 @@ def test_conv_errors():
     conv = nn.Conv.init("t", C, D, 3, key=jax.random.key(0))
     with pytest.raises(ValueError, match="'t'"):
         conv(hax.ones({"c": 4, "time": 5}))
-    with pytest.raises(ValueError, match="'c'.*size 3"):
+    with pytest.raises(ValueError, match=r"'c'.*size 3"):
         conv(hax.ones({"c": 3, "t": 5}))
     with pytest.raises(ValueError, match="integer padding"):
         nn.ConvTranspose.init("t", C, D, 3, padding="SAME", key=jax.random.key(0))

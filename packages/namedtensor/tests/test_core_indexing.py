@@ -145,3 +145,21 @@ def test_at_updates_match_numpy():
     ref[0] /= 2.0
     np.testing.assert_allclose(x.at["a", 0].divide(2.0).array, ref, rtol=1e-6)
     np.testing.assert_array_equal(x.at["a", 0].get().array, xa[0])
+
+
+def test_traced_int_index_and_at_under_jit():
+    x = hax.arange((A, C))
+    xa = np.arange(8).reshape(2, 4)
+
+    @jax.jit
+    def f(i):
+        return x["a", i].array, x.at["a", i].set(-1).array, x.at["c", hax.ds(i, 2)].add(100).array
+
+    row, setrow, added = f(jnp.int32(1))
+    np.testing.assert_array_equal(row, xa[1])
+    ref = xa.copy()
+    ref[1] = -1
+    np.testing.assert_array_equal(setrow, ref)
+    ref = xa.copy()
+    ref[:, 1:3] += 100
+    np.testing.assert_array_equal(added, ref)

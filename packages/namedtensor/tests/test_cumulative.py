@@ -19,7 +19,7 @@ REFS = {
 
 
 @pytest.mark.parametrize("name", sorted(REFS))
-@settings(max_examples=8)
+@settings(max_examples=4)
 @given(axes=axes_st(min_axes=1, max_axes=3), data=st.data())
 def test_cumulative(name, axes, data):
     x = random_named(axes, data.draw(st.integers(0, 1000)), low=0.5, high=1.5)

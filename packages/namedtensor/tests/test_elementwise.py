@@ -50,7 +50,7 @@ def test_function_lists_are_complete():
 
 
 @pytest.mark.parametrize("name", UNARY)
-@settings(max_examples=3)
+@settings(max_examples=2)
 @given(axes=axes_st(min_axes=1, max_axes=3), seed=st.integers(0, 1000))
 def test_unary(name, axes, seed):
     dtype = np.int32 if name in INT_UNARY else np.float32
@@ -65,7 +65,7 @@ def test_unary(name, axes, seed):
 
 
 @pytest.mark.parametrize("name", BINARY)
-@settings(max_examples=3)
+@settings(max_examples=2)
 @given(axes=axes_st(min_axes=1, max_axes=3), data=st.data())
 def test_binary(name, axes, data):
     dtype = np.int32 if name in INT_BINARY else np.float32

@@ -1,7 +1,6 @@
 """Linear: multi-axis In/Out against an np.einsum reference, init statistics, pluggable dot_general."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given
@@ -75,7 +74,7 @@ def test_errors_name_the_axis():
     layer = nn.Linear.init(Embed, Head, key=jax.random.key(0))
     with pytest.raises(ValueError, match="'embed'"):
         layer(hax.ones({"pos": 2, "model": 6}))
-    with pytest.raises(ValueError, match="'embed'.*size 4"):
+    with pytest.raises(ValueError, match=r"'embed'.*size 4"):
         layer(hax.ones({"pos": 2, "embed": 4}))
     with pytest.raises(ValueError, match="'head'"):
         layer(hax.ones({"embed": 6, "head": 3}))

@@ -25,7 +25,7 @@ def _np_softmax(x, axis):
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-@pytest.mark.parametrize("axis,pos", [("vocab", 2), ("b", 0), (("pos", "vocab"), (1, 2))])
+@pytest.mark.parametrize(("axis", "pos"), [("vocab", 2), ("b", 0), (("pos", "vocab"), (1, 2))])
 def test_softmax_family(axis, pos):
     x = RAW.astype(np.float64)
     np.testing.assert_allclose(nn.softmax(X, axis).array, _np_softmax(x, pos), rtol=1e-5, atol=1e-6)

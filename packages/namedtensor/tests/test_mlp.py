@@ -29,7 +29,8 @@ def test_hidden_axes_alternate_and_bias_flags():
     mlp = nn.MLP.init(In, Out, width=Axis("hidden", 4), depth=3, key=jax.random.key(0), use_final_bias=False)
     names = [(layer.In.name, layer.Out.name) for layer in mlp.layers]
     assert names == [("in", "hidden"), ("hidden", "hidden2"), ("hidden2", "hidden"), ("hidden", "out")]
-    assert mlp.layers[-1].bias is None and mlp.layers[0].bias is not None
+    assert mlp.layers[-1].bias is None
+    assert mlp.layers[0].bias is not None
 
 
 def test_negative_depth():

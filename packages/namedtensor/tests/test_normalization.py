@@ -32,7 +32,8 @@ def test_layer_norm_matches_numpy(seed):
 def test_layer_norm_over_two_axes_and_no_params():
     raw = _data(0)
     ln = nn.LayerNorm.init((P, E), use_weight=False, use_bias=False)
-    assert ln.weight is None and ln.bias is None
+    assert ln.weight is None
+    assert ln.bias is None
     out = ln(hax.named(raw, (B, P, E)))
     ref = (raw - raw.mean((1, 2), keepdims=True)) / np.sqrt(raw.var((1, 2), keepdims=True) + 1e-5)
     np.testing.assert_allclose(out.array, ref, rtol=1e-4, atol=1e-4)

@@ -58,8 +58,9 @@ def test_max_min_pool_loop(w0, w1, stride, pad, ceil):
 @pytest.mark.parametrize("ceil", [False, True])
 def test_mean_pool_loop(include_pad, ceil):
     raw = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
-    out = nn.mean_pool(Axis("t", 3), hax.named(raw, ("b", "t")), stride=2, padding=1, use_ceil=ceil,
-                       count_include_pad=include_pad)
+    out = nn.mean_pool(
+        Axis("t", 3), hax.named(raw, ("b", "t")), stride=2, padding=1, use_ceil=ceil, count_include_pad=include_pad
+    )
     ref = _np_pool(raw, (3,), (2,), [(1, 1)], lambda v, n: v.sum(0) / n, 0.0, ceil, include_pad)
     np.testing.assert_allclose(out.array, ref, rtol=1e-5)
 

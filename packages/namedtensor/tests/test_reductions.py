@@ -30,7 +30,7 @@ REDUCTIONS = {
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
-@settings(max_examples=8)
+@settings(max_examples=4)
 @given(axes=axes_st(min_axes=1, max_axes=3), data=st.data())
 def test_reduction_over_random_axes(name, axes, data):
     x = random_named(axes, data.draw(st.integers(0, 1000)), low=0.5, high=1.5)

@@ -13,10 +13,12 @@ from ponente.datacache.errors import (
     FingerprintMismatchError,
     MissingExtraError,
 )
+from ponente.datacache.hf_source import HFSource
 from ponente.datacache.ledger import Ledger, ShardProgress
 from ponente.datacache.processor import BatchProcessor, PassthroughProcessor, TokenizerProcessor, load_tokenizer
 from ponente.datacache.source import BadInput, FileSource, Source, expand_inputs
 from ponente.datacache.store import CacheDataset, open_cache
+from ponente.datacache.verify import verify_cache
 
 __all__ = [
     "BadInput",
@@ -27,6 +29,7 @@ __all__ = [
     "DataCacheError",
     "FileSource",
     "FingerprintMismatchError",
+    "HFSource",
     "Ledger",
     "MissingExtraError",
     "PassthroughProcessor",
@@ -37,6 +40,7 @@ __all__ = [
     "expand_inputs",
     "load_tokenizer",
     "open_cache",
+    "verify_cache",
 ]
 
 # --- exports of the datasets layer (maintained by DC2) ---

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?$")
@@ -38,7 +39,7 @@ def _alternatives(body: str) -> list[str] | None:
     if not commas:
         return None
     bounds = [-1, *commas, len(body)]
-    return [body[a + 1 : b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [body[a + 1 : b] for a, b in itertools.pairwise(bounds)]
 
 
 def expand_braces(pattern: str) -> list[str]:

@@ -120,7 +120,7 @@ class LocalBackend:
         return self._pool.apply_async(_process_in_worker, (records,))
 
     def result(self, handle: Any) -> Processed:
-        return handle.get()  # type: ignore[no-any-return]
+        return handle.get()
 
     def close(self, *, abort: bool) -> None:
         if abort:
@@ -159,9 +159,9 @@ class RayBackend:
             else:
                 ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
         threads = max(1, (os.cpu_count() or 1) // workers)
-        actor = ray.remote(num_cpus=1)(_RayWorker)
+        actor: Any = ray.remote(num_cpus=1)(_RayWorker)
         processor_ref = ray.put(processor)
-        self._actors = [actor.remote(processor_ref, threads) for _ in range(workers)]
+        self._actors: list[Any] = [actor.remote(processor_ref, threads) for _ in range(workers)]
         self._next = 0
         self.window = 2 * workers
 
@@ -171,7 +171,7 @@ class RayBackend:
         return actor.process.remote(records)
 
     def result(self, handle: Any) -> Processed:
-        return self._ray.get(handle)  # type: ignore[no-any-return]
+        return self._ray.get(handle)
 
     def close(self, *, abort: bool) -> None:
         del abort

@@ -120,7 +120,7 @@ class Ledger:
             fingerprint=fingerprint(parts),
             fingerprint_parts=parts,
             fields=dict(fields),
-            lengths={name: 0 for name in fields},
+            lengths=dict.fromkeys(fields, 0),
             shards=[ShardProgress(name) for name in shard_names],
         )
 

@@ -77,7 +77,14 @@ class Source(Protocol):
 
 
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".text": "txt", ".parquet": "parquet"}
+_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".txt": "txt",
+    ".text": "txt",
+    ".parquet": "parquet",
+}
 FORMATS = ("jsonl", "json", "txt", "parquet")
 """The file formats :class:`FileSource` reads."""
 
@@ -186,7 +193,7 @@ class _ZstdReader(io.RawIOBase):
 def _zstd_error() -> type[Exception]:
     import zstandard
 
-    return zstandard.ZstdError  # type: ignore[no-any-return]
+    return zstandard.ZstdError
 
 
 def _open_binary(name: str, compression: str | None) -> IO[bytes]:
@@ -196,17 +203,19 @@ def _open_binary(name: str, compression: str | None) -> IO[bytes]:
     if compression == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if compression == "bz2":
-        return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
+        return bz2.BZ2File(raw, "rb")
     if compression == "xz":
-        return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
-    return io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)  # type: ignore[return-value]
+        return lzma.LZMAFile(raw, "rb")
+    return io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)
 
 
 def _decode(data: bytes, location: str) -> str | BadInput:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return BadInput(INVALID_UTF8, location, f"expected UTF-8 text, found byte {data[exc.start]:#04x} at {exc.start}")
+        return BadInput(
+            INVALID_UTF8, location, f"expected UTF-8 text, found byte {data[exc.start]:#04x} at {exc.start}"
+        )
 
 
 def _json_record(value: Any, location: str) -> Record | BadInput:

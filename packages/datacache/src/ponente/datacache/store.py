@@ -126,11 +126,12 @@ class StoreWriter:
             pair = []
             for part, part_dtype in (("data", dtype), ("offsets", "int64")):
                 spec = _array_spec(base, field, part, part_dtype)
-                mode = {"create": True} if create else {"open": True}
-                pair.append(ts.open(spec, context=_CONTEXT, **mode).result())
+                pair.append(ts.open(spec, context=_CONTEXT, create=create, open=not create).result())
             self._arrays[field] = (pair[0], pair[1])
 
-    def append(self, rows: int, lengths: Mapping[str, int], batch: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    def append(
+        self, rows: int, lengths: Mapping[str, int], batch: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    ) -> None:
         """Write rows after the first ``rows`` rows; does not commit them.
 
         Args:

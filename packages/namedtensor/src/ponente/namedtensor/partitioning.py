@@ -736,7 +736,7 @@ def _unfreeze(key: Any) -> tuple[ResourceMapping | None, ...]:
 def _signature(*trees: Any) -> Any:
     """Structure, shapes and dtypes of ``trees``: what makes ``jax.jit`` trace again."""
     leaves, treedef = jax.tree_util.tree_flatten(trees)
-    return treedef, tuple((np.shape(x), np.result_type(x)) for x in leaves)
+    return treedef, tuple((np.shape(x), x.dtype) for x in leaves)
 
 
 def named_jit(

@@ -184,7 +184,11 @@ def sliding_window_mask(
 
 
 def prefix_lm_mask(
-    QSeqLen: Axis, KSeqLen: Axis, prefix_len: int | jax.Array, q_start: int | jax.Array = 0, k_start: int | jax.Array = 0
+    QSeqLen: Axis,
+    KSeqLen: Axis,
+    prefix_len: int | jax.Array,
+    q_start: int | jax.Array = 0,
+    k_start: int | jax.Array = 0,
 ) -> NamedArray:
     """Prefix-LM mask: every query sees the first ``prefix_len`` positions bidirectionally, the rest causally.
 
@@ -299,7 +303,7 @@ def _alibi_slopes(n: int, bias_max: float) -> list[float]:
 
     if n & (n - 1) == 0:
         return powers(n)
-    closest = 2 ** int(math.floor(math.log2(n)))
+    closest = 2 ** math.floor(math.log2(n))
     return powers(closest) + powers(2 * closest)[0::2][: n - closest]
 
 

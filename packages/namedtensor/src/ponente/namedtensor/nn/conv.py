@@ -22,7 +22,7 @@ PaddingSpec = str | int | Sequence[int] | Sequence[tuple[int, int]]
 
 
 def _names(Spatial: AxisSelector | Sequence[AxisSelector]) -> tuple[str, ...]:
-    return tuple(a.name if isinstance(a, Axis) else a for a in ensure_tuple(Spatial))
+    return tuple(a.name if isinstance(a, Axis) else a for a in ensure_tuple(Spatial))  # type: ignore[arg-type]
 
 
 def _tuple(value: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
@@ -43,7 +43,7 @@ def _padding(padding: PaddingSpec, n: int, allow_str: bool) -> str | tuple[tuple
         return padding.upper()
     if isinstance(padding, int):
         return ((padding, padding),) * n
-    items = list(padding)
+    items: list[Any] = list(padding)
     if len(items) != n:
         raise ValueError(f"padding has {len(items)} entries but there are {n} spatial axes")
     return tuple((p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in items)
@@ -81,7 +81,9 @@ class _ConvBase(eqx.Module):
         """``(batch, In, *Spatial)`` layout (batch axes flattened into one) and the batch axes."""
         for n in (self.In.name, *self.Spatial):
             if not inputs.has_axis(n):
-                raise ValueError(f"{type(self).__name__}: axis {n!r} is not in the input, whose axes are {inputs.axis_names}")
+                raise ValueError(
+                    f"{type(self).__name__}: axis {n!r} is not in the input, whose axes are {inputs.axis_names}"
+                )
         if inputs.axis_size(self.In.name) != self.In.size:
             raise ValueError(
                 f"{type(self).__name__}: input axis {self.In.name!r} has size {inputs.axis_size(self.In.name)}, "
@@ -186,7 +188,9 @@ class Conv(_ConvBase):
         """
         del key
         x, batch = self._to_positional(inputs)
-        w = jnp.moveaxis(self.weight.array, [self.weight._index_of(n) for n in self.Spatial], range(2, 2 + len(self.Spatial)))
+        w = jnp.moveaxis(
+            self.weight.array, [self.weight._index_of(n) for n in self.Spatial], range(2, 2 + len(self.Spatial))
+        )
         y = jax.lax.conv_general_dilated(
             x,
             w.astype(x.dtype),
@@ -258,7 +262,11 @@ class ConvTranspose(_ConvBase):
         names = _names(Spatial)
         n = len(names)
         kernel = _tuple(kernel_size, n, "kernel_size")
-        st, dil, op = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation"), _tuple(output_padding, n, "output_padding")
+        st, dil, op = (
+            _tuple(stride, n, "stride"),
+            _tuple(dilation, n, "dilation"),
+            _tuple(output_padding, n, "output_padding"),
+        )
         for s, d, o in zip(st, dil, op, strict=True):
             if o >= max(s, d):
                 raise ValueError(f"output_padding {o} must be smaller than stride {s} or dilation {d}")
@@ -287,7 +295,9 @@ class ConvTranspose(_ConvBase):
         w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
         pads = tuple(
             (d * (k - 1) - lo, d * (k - 1) - hi + o)
-            for k, (lo, hi), o, d in zip(self.kernel_size, self.padding, self.output_padding, self.dilation, strict=True)
+            for k, (lo, hi), o, d in zip(
+                self.kernel_size, self.padding, self.output_padding, self.dilation, strict=True
+            )
         )
         y = jax.lax.conv_general_dilated(
             x,

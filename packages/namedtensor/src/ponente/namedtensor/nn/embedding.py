@@ -42,7 +42,12 @@ class Embedding(eqx.Module):
 
     @staticmethod
     def init(
-        Vocab: Axis, Embed: AxisSpec, *, init_scale: float = 1.0, key: jax.Array, initializer_range: float | None = None
+        Vocab: Axis,
+        Embed: AxisSpec,
+        *,
+        init_scale: float = 1.0,
+        key: jax.Array,
+        initializer_range: float | None = None,
     ) -> Embedding:
         """Creates a table drawn from a truncated normal (±3σ) with σ = ``init_scale / sqrt(axis_size(Embed))``.
 
@@ -114,7 +119,9 @@ class Embedding(eqx.Module):
         old = self.Vocab.size
         NewVocab = self.Vocab.resize(new_size)
         if new_size <= old:
-            return Embedding(NamedArray(self.weight.array[:new_size], (NewVocab, *self.weight.axes[1:])), NewVocab, self.Embed)
+            return Embedding(
+                NamedArray(self.weight.array[:new_size], (NewVocab, *self.weight.axes[1:])), NewVocab, self.Embed
+            )
         if key is None:
             raise ValueError("Embedding.resize_embeddings: growing the vocabulary needs a key for the new rows")
         w = self.weight.array

@@ -18,7 +18,7 @@ __all__ = ["log_softmax", "logsumexp", "one_hot", "softmax", "standardize"]
 def _positions(x: NamedArray, axis: AxisSelection, what: str) -> tuple[int, ...]:
     if not isinstance(x, NamedArray):
         raise TypeError(f"{what}: expected a NamedArray, got {type(x).__name__}")
-    sel = tuple(axis) if isinstance(axis, dict) else ensure_tuple(axis)
+    sel: tuple[Any, ...] = tuple(axis) if isinstance(axis, dict) else tuple(ensure_tuple(axis))
     out = []
     for a in sel:
         if not x.has_axis(a):
@@ -158,5 +158,5 @@ def one_hot(x: NamedArray | int, class_axis: Axis, *, dtype: Any = None) -> Name
     if isinstance(x, NamedArray):
         if x.has_axis(class_axis.name):
             raise ValueError(f"one_hot: the labels already have an axis named {class_axis.name!r}")
-        return NamedArray(jax.nn.one_hot(x.array, class_axis.size, dtype=dtype), x.axes + (class_axis,))
+        return NamedArray(jax.nn.one_hot(x.array, class_axis.size, dtype=dtype), (*x.axes, class_axis))
     return NamedArray(jax.nn.one_hot(jnp.asarray(x), class_axis.size, dtype=dtype), (class_axis,))

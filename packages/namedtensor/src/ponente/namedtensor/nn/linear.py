@@ -30,7 +30,9 @@ def _contract(inputs: NamedArray, weight: NamedArray, In: AxisSpec, dot_general:
     in_names = axis_name(_axes(In))
     for name in in_names:
         if not inputs.has_axis(name):
-            raise ValueError(f"Linear: input axis {name!r} is missing from the input, whose axes are {inputs.axis_names}")
+            raise ValueError(
+                f"Linear: input axis {name!r} is missing from the input, whose axes are {inputs.axis_names}"
+            )
         if inputs.axis_size(name) != weight.axis_size(name):
             raise ValueError(
                 f"Linear: input axis {name!r} has size {inputs.axis_size(name)} but the layer expects "

@@ -80,7 +80,7 @@ class MLP(eqx.Module):
         Width = width if isinstance(width, Axis) else Axis("mlp", width)
         Width2 = Width.alias(Width.name + "2")
         keys = jax.random.split(key, depth + 1)
-        common: dict[str, Any] = dict(out_first=out_first, dot_general=dot_general, init_scale=init_scale)
+        common: dict[str, Any] = {"out_first": out_first, "dot_general": dot_general, "init_scale": init_scale}
         layers: list[Linear] = []
         if depth == 0:
             layers.append(Linear.init(Input, Output, key=keys[0], use_bias=use_final_bias, **common))

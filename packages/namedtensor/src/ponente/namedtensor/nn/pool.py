@@ -43,7 +43,7 @@ def _pads(
         return [tuple(p) for p in jax.lax.padtype_to_pads(sizes, window, stride, padding)]  # type: ignore[misc]
     if isinstance(padding, int):
         return [(padding, padding)] * n
-    items = list(padding)
+    items: list[Any] = list(padding)
     if len(items) != n:
         raise ValueError(f"pool: padding has {len(items)} entries but the window has {n} axes")
     return [(p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in items]

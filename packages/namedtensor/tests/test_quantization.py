@@ -1,0 +1,121 @@
+"""FP8 delayed scaling: quantization vs an ml_dtypes reference, state overwrites, training with moving scales."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis, nn
+from ponente.namedtensor import quantization as q
+
+In, Out, B = Axis("in", 8), Axis("out", 4), Axis("b", 16)
+
+
+class _Block(eqx.Module):
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+
+
+def _block(key):
+    k1, k2 = jax.random.split(key)
+    return _Block(nn.Linear.init(In, Axis("mid", 6), key=k1), nn.Linear.init(Axis("mid", 6), Out, key=k2))
+
+
+def test_targets_select_layers_by_name_or_regex():
+    model = {"blocks": [_block(jax.random.key(0)), _block(jax.random.key(1))]}
+    by_name = q.quantize_linear_layers(model, q.QuantizationConfig(targets=["up_proj"], fp8=True))
+    kinds = [(type(b.up_proj.dot_general), type(b.down_proj.dot_general)) for b in by_name["blocks"]]
+    assert kinds == [(q.Fp8DotGeneralOp, q.DefaultDotGeneralOp)] * 2
+    by_path = q.quantize_linear_layers(model, q.QuantizationConfig(targets=["blocks.1.down_proj"], fp8=True))
+    assert isinstance(by_path["blocks"][1].down_proj.dot_general, q.Fp8DotGeneralOp)
+    assert isinstance(by_path["blocks"][0].down_proj.dot_general, q.DefaultDotGeneralOp)
+    by_regex = q.quantize_linear_layers(model, q.QuantizationConfig(targets=r".*_proj", fp8=True))
+    assert all(isinstance(b.down_proj.dot_general, q.Fp8DotGeneralOp) for b in by_regex["blocks"])
+    with pytest.raises(ValueError, match="fp8=True"):
+        q.quantize_linear_layers(model, q.QuantizationConfig())
+
+
+def test_stacked_linear_is_refused_clearly():
+    lin = nn.Linear.init(In, Out, key=jax.random.key(0))
+    stacked = nn.Linear(hax.stack("layers", [lin.weight, lin.weight]), None, In, Out, lin.dot_general)
+    with pytest.raises(ValueError, match=r"'layers'|stacked"):
+        q.quantize_linear_layers(stacked, q.QuantizationConfig(fp8=True))
+
+
+def test_forward_is_quantize_dequantize_with_history_scale():
+    op = q.Fp8DotGeneralOp.init(amax_history_length=4)
+    # put a known history in: the scale used is max(history) / fp8_max
+    op = eqx.tree_at(
+        lambda o: (o.input_amax_history, o.kernel_amax_history),
+        op,
+        (jnp.array([2.0, 5.0, 0.0, 0.0]), jnp.array([1.0, 0.0, 0.0, 0.0])),
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 8)).astype(np.float32) * 3
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    e4m3_max = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+
+    def qdq(a, amax):
+        s = np.float32(amax / e4m3_max)
+        return np.clip(a / s, -e4m3_max, e4m3_max).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * s
+
+    ref = qdq(x, 5.0) @ qdq(w, 1.0)
+    out = op(jnp.asarray(x), jnp.asarray(w), (((1,), (0,)), ((), ())))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(out, x @ w, rtol=1e-6, atol=1e-6)  # quantization really happened
+
+
+def test_gradient_of_state_is_its_new_value():
+    lin = q.quantize_linear_layers(
+        nn.Linear.init(In, Out, key=jax.random.key(0)), q.QuantizationConfig(amax_history_length=3, fp8=True)
+    )
+    x = hax.random.normal(jax.random.key(1), (B, In)) * 4.0
+    grads = eqx.filter_grad(lambda m: hax.sum(m(x) ** 2).scalar())(lin)
+    overwrites, plain = q.partition_for_grad_overwrite(grads)
+    new_op = overwrites.dot_general
+    np.testing.assert_allclose(new_op.input_amax_history, [float(jnp.abs(x.array).max()), 0, 0], rtol=1e-6)
+    np.testing.assert_allclose(new_op.kernel_amax_history[0], float(jnp.abs(lin.weight.array).max()), rtol=1e-6)
+    assert float(new_op.output_grad_amax_history[0]) > 0
+    # empty history: the scale keeps its old value this step
+    assert float(new_op.input_scale) == 1.0
+    assert plain.dot_general is None
+    assert overwrites.weight.array is None
+    updated = q.apply_updates(lin, jax.tree_util.tree_map(lambda g: -0.0 * g, plain), overwrites)
+    np.testing.assert_array_equal(updated.weight.array, lin.weight.array)
+    np.testing.assert_array_equal(updated.dot_general.input_amax_history, new_op.input_amax_history)
+
+
+def test_quantized_linear_trains_and_scales_move():
+    key = jax.random.key(0)
+    kx, kw, kl = jax.random.split(key, 3)
+    x = hax.random.normal(kx, (B, In))
+    true_w = hax.random.normal(kw, (In, Out))
+    y = hax.dot(x, true_w, axis="in")
+    model = q.quantize_linear_layers(
+        nn.Linear.init(In, Out, key=kl), q.QuantizationConfig(amax_history_length=4, fp8=True)
+    )
+
+    def loss_fn(m):
+        return hax.mean((m(x) - y) ** 2).scalar()
+
+    @eqx.filter_jit
+    def step(m):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(m)
+        overwrites, grads = q.partition_for_grad_overwrite(grads)
+        updates = jax.tree_util.tree_map(lambda g: -0.1 * g, grads)
+        return q.apply_updates(m, updates, overwrites), loss
+
+    losses = []
+    for _ in range(30):
+        model, loss = step(model)
+        losses.append(float(loss))
+    op = model.dot_general
+    assert losses[-1] < 0.2 * losses[0]
+    for scale in (op.input_scale, op.kernel_scale, op.output_grad_scale):
+        assert float(scale) != 1.0
+        assert np.isfinite(float(scale))
+    e4m3_max = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+    np.testing.assert_allclose(float(op.input_scale), float(jnp.abs(x.array).max()) / e4m3_max, rtol=1e-5)
