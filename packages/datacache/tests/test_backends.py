@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ponente.datacache import PassthroughProcessor
+from ponente.datacache import MissingExtraError, PassthroughProcessor
 from ponente.datacache.backends import InProcessBackend, LocalBackend, make_backend, map_ordered, process_batch
 
 
@@ -55,3 +55,11 @@ def test_make_backend_validates() -> None:
     assert isinstance(make_backend("local", PassthroughProcessor(), 0), InProcessBackend)
     with pytest.raises(ValueError, match="workers must be >= 0"):
         make_backend("local", PassthroughProcessor(), -1)
+
+
+def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
+    with pytest.raises(MissingExtraError, match=r"ponente-datacache\[ray\]"):
+        make_backend("ray", PassthroughProcessor(), 1)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from ponente.datacache import BadRecordError, FingerprintMismatchError, build_cache, open_cache
@@ -139,7 +141,7 @@ def test_kill_9_then_resume_is_byte_identical(
     build_cache(inputs, reference, tokenizer=tokenizer_path, workers=0, progress=False)
 
     out = tmp_path / "killed"
-    options = {"workers": 0, "batch_rows": 3}
+    options = {"workers": 0, "batch_rows": 3, "commit_interval": 0.0}
     # A kill before anything is committed, then kills after more and more rows committed.
     process = _start_build(tmp_path, inputs, out, tokenizer_path, **options)
     time.sleep(0.3)
@@ -311,3 +313,26 @@ def test_invalid_options(tmp_path: Path, corpus: tuple, tokenizer_path: Path) ->
         build_cache(str(paths[0]), tmp_path / "x", tokenizer=tokenizer_path, backend="dask", progress=False)
     with pytest.raises(ValueError, match="exactly one of tokenizer"):
         build_cache(str(paths[0]), tmp_path / "x")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch_rows=st.integers(1, 60), batch_bytes=st.integers(1, 5000), keep_empty=st.booleans())
+def test_batching_never_changes_the_bytes(
+    tmp_path: Path,
+    write_jsonl: Callable[..., Path],
+    tokenizer_path: Path,
+    helpers: type,
+    batch_rows: int,
+    batch_bytes: int,
+    keep_empty: bool,
+) -> None:
+    docs = helpers.make_documents(70, seed=9)
+    docs[5] = docs[33] = ""
+    inputs = [str(write_jsonl("h/a.jsonl", docs[:30])), str(write_jsonl("h/b.jsonl", docs[30:]))]
+    common = {"tokenizer": tokenizer_path, "workers": 0, "progress": False, "keep_empty": keep_empty}
+    reference = tmp_path / f"reference-{keep_empty}"
+    if not reference.exists():
+        build_cache(inputs, reference, **common)  # type: ignore[arg-type]
+    out = tmp_path / "batched"
+    build_cache(inputs, out, batch_rows=batch_rows, batch_bytes=batch_bytes, rebuild=True, commit_interval=0, **common)  # type: ignore[arg-type]
+    assert helpers.tree_digest(out) == helpers.tree_digest(reference)

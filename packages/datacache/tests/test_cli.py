@@ -85,3 +85,45 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     result = subprocess.run(["ponente-cache", "--help"], capture_output=True, text=True, check=True)
     assert "build" in result.stdout
     assert "verify" in result.stdout
+
+
+def test_ctrl_c_stops_cleanly_and_resumes(
+    tmp_path: Path, write_jsonl: Callable[..., Path], tokenizer_path: Path, helpers: type
+) -> None:
+    import signal
+    import sys
+    import time
+
+    docs = helpers.make_documents(1500, seed=21)
+    corpus = write_jsonl("in/a.jsonl", docs)
+    out = tmp_path / "cache"
+    argv = [
+        "build",
+        "-o",
+        str(out),
+        "--tokenizer",
+        str(tokenizer_path),
+        "--workers",
+        "1",
+        "--no-progress",
+        str(corpus),
+    ]
+    code = f"import sys; from ponente.datacache.cli import main\nif __name__ == '__main__': sys.exit(main({argv!r}))"
+    script = tmp_path / "run.py"
+    script.write_text(code)
+    # Interrupt as soon as the cache exists (the build is under way, its worker starting or working).
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not (out / "ledger.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "interrupted" in err
+    assert not open_cache(out).is_finished
+    assert main(argv) == 0
+    reference = tmp_path / "reference"
+    assert main([*argv[:2], str(reference), *argv[3:]]) == 0
+    assert helpers.tree_digest(out) == helpers.tree_digest(reference)

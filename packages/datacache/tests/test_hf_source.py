@@ -17,7 +17,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     docs = [f"document number {i} " * (i % 5 + 1) for i in range(23)]
     path = tmp_path_factory.mktemp("hf") / "ds"
     datasets.DatasetDict(
-        {"train": datasets.Dataset.from_dict({"text": docs, "id": list(range(23))}), "test": datasets.Dataset.from_dict({"text": ["x"], "id": [0]})}
+        {
+            "train": datasets.Dataset.from_dict({"text": docs, "id": list(range(23))}),
+            "test": datasets.Dataset.from_dict({"text": ["x"], "id": [0]}),
+        }
     ).save_to_disk(str(path))
     return path, docs
 
@@ -39,9 +42,15 @@ def test_build_from_hf_matches_encode_batch(
 ) -> None:
     path, docs = saved
     cache = build_cache(
-        HFSource(path, split="train", shard_rows=8), tmp_path / "c", tokenizer=tokenizer_path, workers=0, progress=False
+        HFSource(path, split="train", shard_rows=8),
+        tmp_path / "c",
+        tokenizer=tokenizer_path,
+        workers=0,
+        progress=False,
     )
-    assert [r["input_ids"].tolist() for r in cache.get_batch(range(len(cache)))] == helpers.reference_ids(tokenizer, docs)
+    assert [r["input_ids"].tolist() for r in cache.get_batch(range(len(cache)))] == helpers.reference_ids(
+        tokenizer, docs
+    )
 
 
 def test_split_errors_and_offline_hub(saved: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,5 +58,15 @@ def test_split_errors_and_offline_hub(saved: tuple[Path, list[str]], monkeypatch
     with pytest.raises(ValueError, match=r"splits \['test', 'train'\]; pass split"):
         HFSource(path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OSError, match="'someone/some-corpus' is not a local directory.*HF_HUB_OFFLINE"):
+    with pytest.raises(OSError, match=r"'someone/some-corpus' is not a local directory.*HF_HUB_OFFLINE"):
         HFSource("someone/some-corpus", split="train")
+
+
+def test_missing_datasets_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ponente.datacache import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(MissingExtraError, match=r"ponente-datacache\[hf\]"):
+        HFSource("anything")

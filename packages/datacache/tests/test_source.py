@@ -159,3 +159,11 @@ def test_unreadable_path(tmp_path: Path) -> None:
     assert isinstance(item, BadInput)
     assert item.kind == UNREADABLE_PATH
     assert "missing.jsonl" in item.location
+
+
+def test_zstd_with_several_frames(tmp_path: Path) -> None:
+    compressor = zstandard.ZstdCompressor()
+    path = tmp_path / "frames.jsonl.zst"
+    path.write_bytes(b"".join(compressor.compress(json.dumps({"text": d}).encode() + b"\n") for d in DOCS))
+    source = FileSource(str(path))
+    assert _texts(source, source.shard_names[0]) == DOCS

@@ -142,3 +142,43 @@ def test_alibi_slopes():
 def test_dropout_mask_rate():
     m = attn.dropout_mask((Axis("n", 10000),), 0.2, key=jax.random.key(0))
     assert abs(float(np.mean(np.asarray(m.array))) - 0.8) < 0.02
+
+
+def test_masks_with_batched_starts_loop():
+    starts = np.array([0, 2, 5])
+    q_start = hax.named(starts, "b")
+    m = attn.causal_mask(Axis("q", 3), Axis("k", 8), q_start=q_start)
+    assert m.axis_names == ("b", "q", "k")
+    for b, s0 in enumerate(starts):
+        np.testing.assert_array_equal(m.array[b], _loop_mask(3, 8, lambda i, j, s0=s0: j <= i + s0))
+    w = attn.sliding_window_mask(Axis("q", 3), Axis("k", 8), 2, q_start=q_start)
+    for b, s0 in enumerate(starts):
+        np.testing.assert_array_equal(w.array[b], _loop_mask(3, 8, lambda i, j, s0=s0: 0 <= i + s0 - j < 2))
+
+
+@given(st.integers(1, 5), st.integers(0, 5), st.integers(0, 3))
+def test_prefix_lm_mask_counts_the_prefix_from_the_first_key(n, prefix, start):
+    m = attn.prefix_lm_mask(Axis("q", n), Axis("k", n), prefix, q_start=start, k_start=start)
+    np.testing.assert_array_equal(m.array, _loop_mask(n, n, lambda i, j: j <= i or j < prefix))
+
+
+def test_scaling_factor():
+    q, k, _ = _qkv(4)
+    w = attn.dot_product_attention_weights(Head, KPos, q, k, scaling_factor=0.5)
+    logits = np.einsum("bqhd,bkhd->bhqk", np.asarray(q.array), np.asarray(k.array)) * 0.5
+    ref = np.exp(logits - logits.max(-1, keepdims=True))
+    ref = ref / ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(w.rearrange(("b", "heads", "pos", "key_pos")).array, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_forgetful_causal_mask():
+    K = Axis("k", 4000)
+    m = np.asarray(attn.forgetful_causal_mask(K, 0.3, sample_prob=False, key=jax.random.key(0)).array)
+    assert m[0]
+    assert abs(m[1:].mean() - 0.7) < 0.03
+    assert np.asarray(attn.forgetful_causal_mask(K, 1.0, key=jax.random.key(0)).array).sum() == 1
+    assert np.asarray(attn.forgetful_causal_mask(K, 0.0, key=jax.random.key(0)).array).all()
+    sampled = np.asarray(attn.forgetful_causal_mask(K, 0.5, key=jax.random.key(1)).array)
+    assert sampled[1:].mean() >= 0.45
+    with pytest.raises(ValueError, match="mask_prob"):
+        attn.forgetful_causal_mask(K, 1.5, key=jax.random.key(0))

@@ -80,3 +80,22 @@ def test_errors_name_the_axis():
         layer(hax.ones({"embed": 6, "head": 3}))
     with pytest.raises(ValueError, match="share"):
         nn.Linear.init(Embed, Embed, key=jax.random.key(0))
+
+
+@pytest.mark.multidevice
+def test_linear_output_follows_the_axis_mapping():
+    from jax.sharding import PartitionSpec
+
+    from ponente.namedtensor import partitioning as P
+
+    if len(jax.devices()) < 8:
+        pytest.fail("multidevice tests need XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    Batch, Mlp = Axis("batch", 4), Axis("mlp", 8)
+    layer = nn.Linear.init(Embed, Mlp, key=jax.random.key(0))
+    x = hax.random.normal(jax.random.key(1), (Batch, Embed))
+    mesh = P.make_mesh({"data": 2, "model": 4})
+    with jax.set_mesh(mesh), P.axis_mapping({"batch": "data", "mlp": "model"}):
+        out = jax.jit(lambda layer, x: layer(x))(layer, x)
+    assert out.array.sharding.spec == PartitionSpec("data", "model")
+    ref = np.asarray(x.array) @ np.asarray(layer.weight.array).T + np.asarray(layer.bias.array)
+    np.testing.assert_allclose(out.array, ref, rtol=1e-5, atol=1e-5)

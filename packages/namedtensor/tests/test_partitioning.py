@@ -1,7 +1,9 @@
 """Tests for ``partitioning`` on one device (multi-device behaviour: ``test_multidevice_training.py``)."""
 
 import logging
+import re
 import threading
+import warnings
 
 import equinox as eqx
 import jax
@@ -42,7 +44,8 @@ def test_make_mesh_infers_minus_one_and_validates():
 
 
 def test_resource_axis_is_a_string():
-    assert P.ResourceAxis.DATA == "data" and str(P.ResourceAxis.MODEL) == "model"
+    assert P.ResourceAxis.DATA == "data"
+    assert str(P.ResourceAxis.MODEL) == "model"
     assert P.physical_axis_name("mlp", {"mlp": P.ResourceAxis.MODEL}) == "model"
 
 
@@ -71,7 +74,8 @@ def test_physical_axis_size_and_rounding_on_an_abstract_mesh():
     assert P.physical_axis_size("embed", mapping, mesh=ABSTRACT) is None
     for size in range(1, 20):
         rounded = P.round_axis_for_partitioning(Axis("vocab", size), mapping, mesh=ABSTRACT)
-        assert rounded.name == "vocab" and rounded.size == 4 * int(np.ceil(size / 4))
+        assert rounded.name == "vocab"
+        assert rounded.size == 4 * int(np.ceil(size / 4))
     assert P.round_axis_for_partitioning(Embed, mapping, mesh=ABSTRACT) == Embed
     with pytest.raises(ValueError, match="mapped to mesh axis 'replica'"):
         P.physical_axis_size("x", {"x": "replica"}, mesh=ABSTRACT)
@@ -101,7 +105,8 @@ def test_shard_outside_jit_places_arrays(mesh):
     x = hax.arange((Batch, Embed), dtype=jnp.float32)
     y = P.shard({"x": x, "k": 3}, {"batch": "data"})
     assert y["k"] == 3
-    assert isinstance(y["x"], NamedArray) and y["x"].axes == x.axes
+    assert isinstance(y["x"], NamedArray)
+    assert y["x"].axes == x.axes
     assert y["x"].array.sharding == NamedSharding(mesh, PartitionSpec("data", None))
     np.testing.assert_array_equal(y["x"].array, x.array)
     with P.axis_mapping({"embed": "data"}):
@@ -112,7 +117,8 @@ def test_shard_outside_jit_places_arrays(mesh):
 
 def test_shard_inside_jit_adds_a_sharding_constraint(mesh):
     jaxpr = str(jax.make_jaxpr(lambda x: P.shard(x, {"mlp": "model"}))(hax.ones((Embed, Mlp))))
-    assert "sharding_constraint" in jaxpr and "P(None, 'model')" in jaxpr
+    assert "sharding_constraint" in jaxpr
+    assert "P(None, 'model')" in jaxpr
 
 
 def test_shard_without_mapping_warns_and_auto_sharded_is_silent(mesh, caplog):
@@ -141,7 +147,9 @@ class Model(eqx.Module):
 
 
 def _model(scale: float = 2.0) -> Model:
-    w = hax.named(jnp.arange(Embed.size * Mlp.size, dtype=jnp.float32).reshape(Embed.size, Mlp.size) / 10, ("embed", "mlp"))
+    w = hax.named(
+        jnp.arange(Embed.size * Mlp.size, dtype=jnp.float32).reshape(Embed.size, Mlp.size) / 10, ("embed", "mlp")
+    )
     return Model(w, scale, "m")
 
 
@@ -157,7 +165,8 @@ def test_named_jit_accepts_modules_and_non_array_values_and_caches():
     out = jitted(model, x, 3.0, "a")
     expected = np.ones((4, 6)) @ np.asarray(model.w.array) * 2.0 * 3.0
     np.testing.assert_allclose(out["y"].array, expected, rtol=1e-6)
-    assert out["label"] == "a" and out["axes"] == (Batch, Embed)
+    assert out["label"] == "a"
+    assert out["axes"] == (Batch, Embed)
     jitted(model, x, 3.0, "a")
     jitted(_model(), hax.zeros((Batch, Embed)), 3.0, "a")  # new arrays, same static part: cached
     assert traces == ["a"]
@@ -189,15 +198,45 @@ def test_named_jit_donation():
     jitted = P.named_jit(lambda a, b: a + b, donate_args=(True, False))
     a, b = jnp.ones(3), jnp.ones(3)
     np.testing.assert_array_equal(jitted(a, b), 2 * np.ones(3))
-    assert a.is_deleted() and not b.is_deleted()
+    assert a.is_deleted()
+    assert not b.is_deleted()
     kw = P.named_jit(lambda a, *, b: a + b, donate_kwargs={"b": True})
     a, b = jnp.ones(3), jnp.ones(3)
     kw(a, b=b)
-    assert b.is_deleted() and not a.is_deleted()
+    assert b.is_deleted()
+    assert not a.is_deleted()
     with pytest.raises(ValueError, match="donate_args has 1 entries but the function got 2"):
         P.named_jit(lambda a, b: a, donate_args=(True,))(a, jnp.ones(3))
     with pytest.raises(ValueError, match=r"donate_kwargs names \['c'\]"):
         P.named_jit(lambda a, **kw: a, donate_kwargs={"c": True})(jnp.ones(3))
+
+
+def test_named_jit_static_outputs_follow_input_shapes():
+    jitted = P.named_jit(lambda x: (x.sum(), x.shape[0], "n"))
+    for n in (2, 3, 2, 3):
+        total, size, tag = jitted(jnp.ones(n))
+        assert float(total) == n
+        assert size == n
+        assert tag == "n"
+
+
+def test_named_jit_lower_shows_constraints_and_donation(mesh):
+    jitted = P.named_jit(lambda m, x: (m.w * 2, m(x)), {"batch": "data"}, donate_args=(True, False))
+    text = jitted.lower(_model(), hax.ones((Batch, Embed))).as_text()
+    assert re.search(r'sharding_constraint %\d+ <@mesh, \[{"data"}, {}\]> : tensor<4x10xf32>', text)
+    assert "jax.buffer_donor" in text or "tf.aliasing_output" in text
+
+
+def test_legacy_with_mesh_is_found(mesh):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with jax.set_mesh(None), mesh:
+            assert P.current_mesh() == mesh
+
+
+def test_fsdp_needs_both_mappings():
+    with pytest.raises(TypeError, match="both parameter_mapping and compute_mapping"):
+        P.fsdp(lambda x: x, parameter_mapping={"embed": "data"})
 
 
 def test_named_jit_rejects_unhashable_static_arguments():
@@ -215,6 +254,8 @@ def test_fsdp_uses_parameter_mapping_outside_and_compute_mapping_inside(mesh):
     stepped = P.fsdp(step, parameter_mapping={"embed": "data"}, compute_mapping={"batch": "data"})
     jaxpr = str(jax.make_jaxpr(stepped)(_model(), hax.ones((Batch, Embed))))
     assert seen == [{"batch": "data"}]
-    assert "P('data', None)" in jaxpr and "P(None, 'data')" in jaxpr
-    out = stepped(_model(), hax.ones((Batch, Embed)))
+    assert "P('data', None)" in jaxpr
+    assert "P(None, 'data')" in jaxpr
+    decorated = P.fsdp(parameter_mapping={"embed": "data"}, compute_mapping={"batch": "data"})(step)
+    out = decorated(_model(), hax.ones((Batch, Embed)))
     np.testing.assert_allclose(out.array, np.ones((4, 6)) @ np.asarray(_model().w.array) * 2.0, rtol=1e-6)

@@ -38,18 +38,45 @@ def test_targets_select_layers_by_name_or_regex():
         q.quantize_linear_layers(model, q.QuantizationConfig())
 
 
-def test_stacked_linear_is_refused_clearly():
-    lin = nn.Linear.init(In, Out, key=jax.random.key(0))
-    stacked = nn.Linear(hax.stack("layers", [lin.weight, lin.weight]), None, In, Out, lin.dot_general)
-    with pytest.raises(ValueError, match=r"'layers'|stacked"):
-        q.quantize_linear_layers(stacked, q.QuantizationConfig(fp8=True))
+def test_stacked_linear_gets_one_state_per_layer():
+    Layers = Axis("layers", 3)
+    keys = jax.random.split(jax.random.key(0), 3)
+    layers = [nn.Linear.init(In, In.alias("in2"), key=k) for k in keys]
+    layers = [
+        nn.Linear(lin.weight * (i + 1), lin.bias, In, In.alias("in2"), lin.dot_general) for i, lin in enumerate(layers)
+    ]
+    stacked = nn.Linear(
+        hax.stack(Layers, [lin.weight for lin in layers]),
+        hax.stack(Layers, [lin.bias for lin in layers]),
+        In,
+        In.alias("in2"),
+        layers[0].dot_general,
+    )
+    stacked = q.quantize_linear_layers(stacked, q.QuantizationConfig(amax_history_length=2, fp8=True))
+    assert stacked.dot_general.kernel_amax_history.axis_names == ("layers", "amax_history")
+    x = hax.random.normal(jax.random.key(1), (B, In))
+
+    def loss(model):
+        def body(h, layer):
+            return layer(h).rename({"in2": "in"})
+
+        return hax.sum(hax.fold(body, Layers)(x, model) ** 2).scalar()
+
+    grads = eqx.filter_grad(loss)(stacked)
+    overwrites, _ = q.partition_for_grad_overwrite(grads)
+    kernel_hist = np.asarray(overwrites.dot_general.kernel_amax_history.array)
+    expected = [float(jnp.abs(lin.weight.array).max()) for lin in layers]
+    np.testing.assert_allclose(kernel_hist[:, 0], expected, rtol=1e-6)
+    np.testing.assert_array_equal(kernel_hist[:, 1], 0)
+    with pytest.raises(ValueError, match="stacked axes"):
+        stacked(x)
 
 
 def test_forward_is_quantize_dequantize_with_history_scale():
     op = q.Fp8DotGeneralOp.init(amax_history_length=4)
     # put a known history in: the scale used is max(history) / fp8_max
     op = eqx.tree_at(
-        lambda o: (o.input_amax_history, o.kernel_amax_history),
+        lambda o: (o.input_amax_history.array, o.kernel_amax_history.array),
         op,
         (jnp.array([2.0, 5.0, 0.0, 0.0]), jnp.array([1.0, 0.0, 0.0, 0.0])),
     )
@@ -76,16 +103,16 @@ def test_gradient_of_state_is_its_new_value():
     grads = eqx.filter_grad(lambda m: hax.sum(m(x) ** 2).scalar())(lin)
     overwrites, plain = q.partition_for_grad_overwrite(grads)
     new_op = overwrites.dot_general
-    np.testing.assert_allclose(new_op.input_amax_history, [float(jnp.abs(x.array).max()), 0, 0], rtol=1e-6)
-    np.testing.assert_allclose(new_op.kernel_amax_history[0], float(jnp.abs(lin.weight.array).max()), rtol=1e-6)
-    assert float(new_op.output_grad_amax_history[0]) > 0
+    np.testing.assert_allclose(new_op.input_amax_history.array, [float(jnp.abs(x.array).max()), 0, 0], rtol=1e-6)
+    np.testing.assert_allclose(new_op.kernel_amax_history.array[0], float(jnp.abs(lin.weight.array).max()), rtol=1e-6)
+    assert float(new_op.output_grad_amax_history.array[0]) > 0
     # empty history: the scale keeps its old value this step
     assert float(new_op.input_scale) == 1.0
     assert plain.dot_general is None
     assert overwrites.weight.array is None
     updated = q.apply_updates(lin, jax.tree_util.tree_map(lambda g: -0.0 * g, plain), overwrites)
     np.testing.assert_array_equal(updated.weight.array, lin.weight.array)
-    np.testing.assert_array_equal(updated.dot_general.input_amax_history, new_op.input_amax_history)
+    np.testing.assert_array_equal(updated.dot_general.input_amax_history.array, new_op.input_amax_history.array)
 
 
 def test_quantized_linear_trains_and_scales_move():

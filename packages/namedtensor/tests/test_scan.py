@@ -1,4 +1,4 @@
-"""Tests for ``nn.scan``: ``Stacked`` and ``BlockSeq`` against a NumPy loop, and checkpoint policies by saved residuals."""
+"""Tests for ``nn.scan``: ``Stacked``/``BlockSeq`` against a NumPy loop; checkpoint policies by saved residuals."""
 
 import contextlib
 import io
@@ -82,7 +82,8 @@ def test_fold_matches_numpy_loop_and_blockseq():
     ref = _reference_fold(stacked, np.asarray(x.array))
     np.testing.assert_allclose(stacked.fold(x).array, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(seq.fold(x).array, ref, rtol=1e-5, atol=1e-6)
-    assert isinstance(stacked, BlockFoldable) and isinstance(seq, BlockFoldable)
+    assert isinstance(stacked, BlockFoldable)
+    assert isinstance(seq, BlockFoldable)
 
 
 def test_fold_splits_per_layer_arguments_and_broadcasts_others():
@@ -146,7 +147,8 @@ def test_vmap_applies_each_layer_to_the_same_input():
 def test_unstacked_and_get_layer_and_from_layers_roundtrip():
     stacked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
     layers = stacked.unstacked()
-    assert len(layers) == Layers.size and layers[2].w.axes == (E,)
+    assert len(layers) == Layers.size
+    assert layers[2].w.axes == (E,)
     np.testing.assert_array_equal(stacked.get_layer(-1).w.array, stacked.stacked.w.array[-1])
     rebuilt = Stacked.from_layers(Layers, layers)
     np.testing.assert_array_equal(rebuilt.stacked.w.array, stacked.stacked.w.array)
@@ -216,7 +218,8 @@ def test_no_checkpointing_keeps_block_internals():
 
 def test_full_recompute_keeps_only_the_carries():
     lines = _from_scan(_residuals(True))
-    assert len(lines) == 1 and lines[0].startswith("f32[4,3]")
+    assert len(lines) == 1
+    assert lines[0].startswith("f32[4,3]")
     assert _from_scan(_residuals("full")) == lines
     assert _from_scan(_residuals("save_carries")) == lines
 
@@ -239,7 +242,8 @@ def test_nested_keeps_sqrt_n_carries():
 
 def test_offload_moves_carries_to_host():
     lines = _from_scan(_residuals("offload"))
-    assert lines and all("<host>" in line.split(" ")[0] for line in lines)
+    assert lines
+    assert all("<host>" in line.split(" ")[0] for line in lines)
 
 
 def test_policy_shortcuts_and_errors():
@@ -254,9 +258,7 @@ def test_policy_shortcuts_and_errors():
         ScanCheckpointPolicy(save_carries="disk")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="write \\['y'\\]"):
         ScanCheckpointPolicy(save_block_internals="y")
-    stacked = Stacked.init(Layers, Block, gradient_checkpointing=ScanCheckpointPolicy(nested=3))(
-        E, 0.5, key=_keys()
-    )
+    stacked = Stacked.init(Layers, Block, gradient_checkpointing=ScanCheckpointPolicy(nested=3))(E, 0.5, key=_keys())
     with pytest.raises(ValueError, match="3 groups do not divide 4 layers"):
         stacked.fold(hax.ones(E))
 
@@ -297,3 +299,50 @@ def test_nested_fold_equals_loop_for_any_layer_count(n_layers, nested):
     for i in range(n_layers):
         ref = np.tanh(ref * np.asarray(w.array[i]) + 0.1)
     np.testing.assert_allclose(stacked.fold(hax.named(jnp.asarray(x), "embed")).array, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_nested_scan_outputs_come_back_in_layer_order():
+    plain = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
+    nested = Stacked(plain.stacked, Layers, gradient_checkpointing="nested")
+    x = hax.random.normal(jax.random.key(1), (E,))
+    carry, ys = nested.scan_via(Block.with_output)(x)
+    ref_carry, ref_ys = plain.scan_via(Block.with_output)(x)
+    assert ys.axes == (Layers,)
+    np.testing.assert_allclose(ys.array, ref_ys.array, rtol=1e-6)
+    np.testing.assert_allclose(carry.array, ref_carry.array, rtol=1e-6)
+
+
+def test_init_splits_named_arguments_with_the_layers_axis():
+    class Indexed(eqx.Module):
+        index: NamedArray
+        w: NamedArray
+
+        @staticmethod
+        def init(Embed, index, *, key):
+            return Indexed(index, hax.random.normal(key, Embed))
+
+        def __call__(self, x):
+            return x * self.w + self.index
+
+    for cls in (Stacked, BlockSeq):
+        stack = cls.init(Layers, Indexed)(E, hax.arange(Layers, dtype=jnp.float32), key=_keys())
+        layers = stack.unstacked()
+        assert [float(layer.index.scalar()) for layer in layers] == [0.0, 1.0, 2.0, 3.0]
+        x = np.ones(E.size, np.float32)
+        for i, layer in enumerate(layers):
+            x = x * np.asarray(layer.w.array) + i
+        np.testing.assert_allclose(stack.fold(hax.ones(E)).array, x, rtol=1e-5)
+
+
+def test_blockseq_checkpointing_recomputes_block_internals():
+    stacked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
+
+    def residuals(policy):
+        seq = BlockSeq(tuple(stacked.unstacked()), Layers, gradient_checkpointing=policy)
+        return _saved(lambda m, x: m.fold(x).sum().scalar(), seq, hax.ones(E))
+
+    internals = [line for line in residuals(False) if "output of sin" in line or "output of cos" in line]
+    assert len(internals) >= Layers.size
+    assert not [line for line in residuals(True) if "output of sin" in line or "output of cos" in line]
+    named = [line for line in residuals(["y"]) if "named 'y'" in line]
+    assert len(named) == Layers.size

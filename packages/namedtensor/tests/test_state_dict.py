@@ -27,7 +27,13 @@ from ponente.namedtensor.state_dict import (
     with_prefix,
 )
 
-Embed, Heads, Head, Mlp, Layers = Axis("embed", 4), Axis("heads", 2), Axis("head", 3), Axis("mlp", 5), Axis("layers", 3)
+Embed, Heads, Head, Mlp, Layers = (
+    Axis("embed", 4),
+    Axis("heads", 2),
+    Axis("head", 3),
+    Axis("mlp", 5),
+    Axis("layers", 3),
+)
 
 
 class Norm(ModuleWithStateDictSerialization):
@@ -172,7 +178,7 @@ def test_missing_key_and_wrong_shape_are_clear_errors():
     block = TBlock.init(key=jax.random.key(0))
     sd = to_state_dict(block, "m")
     del sd["m.input_layernorm.weight"]
-    with pytest.raises(KeyError, match="m.input_layernorm.weight"):
+    with pytest.raises(KeyError, match=r"m\.input_layernorm\.weight"):
         from_state_dict(block, sd, "m")
     sd = to_state_dict(block, "m")
     sd["m.0.bias"] = np.zeros(7)
@@ -182,7 +188,7 @@ def test_missing_key_and_wrong_shape_are_clear_errors():
         stack_state_dict({"layers.0.w": np.zeros(2), "layers.2.w": np.zeros(2)}, "layers", 3)
     with pytest.raises(ValueError, match="3 layers"):
         unstack_state_dict({"layers.w": np.zeros((2, 4))}, "layers", 3)
-    with pytest.raises(FileNotFoundError, match="nope.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.safetensors"):
         load_state_dict("/nonexistent/nope.safetensors")
 
 

@@ -58,7 +58,7 @@ def expand_braces(pattern: str) -> list[str]:
     Raises:
         ValueError: If the braces are unbalanced.
 
-    Example:
+    Examples:
         >>> expand_braces("data_{a,b}{1..2}.txt")
         ['data_a1.txt', 'data_a2.txt', 'data_b1.txt', 'data_b2.txt']
     """

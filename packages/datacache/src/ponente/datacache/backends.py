@@ -8,6 +8,7 @@ number of workers.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import multiprocessing
 import os
@@ -74,21 +75,26 @@ class Backend(Protocol):
 
 
 class InProcessBackend:
-    """Processes each batch in this process, at submission (``workers=0``)."""
+    """Processes batches in one background thread of this process (``workers=0``).
 
-    window = 1
+    Tokenizers release the GIL and parallelise inside a batch, so reading and writing in the main thread
+    overlap with processing in this thread.
+    """
+
+    window = 2
 
     def __init__(self, processor: BatchProcessor) -> None:
         self._processor = processor
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ponente-datacache")
 
-    def submit(self, records: list[dict[str, Any]]) -> Processed:
-        return process_batch(self._processor, records)
+    def submit(self, records: list[dict[str, Any]]) -> Any:
+        return self._pool.submit(process_batch, self._processor, records)
 
-    def result(self, handle: Processed) -> Processed:
-        return handle
+    def result(self, handle: Any) -> Processed:
+        return handle.result()
 
     def close(self, *, abort: bool) -> None:
-        del abort
+        self._pool.shutdown(wait=not abort, cancel_futures=abort)
 
 
 _WORKER_PROCESSOR: BatchProcessor | None = None

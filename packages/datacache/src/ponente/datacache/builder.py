@@ -9,6 +9,7 @@ committed batch (finished shards are never redone, no row is lost or repeated).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ponente.datacache.backends import Processed, make_backend, map_ordered
+from ponente.datacache.backends import BACKENDS, Processed, make_backend, map_ordered
 from ponente.datacache.errors import BAD_RECORD_KINDS, EMPTY, BadRecordError, FingerprintMismatchError
 from ponente.datacache.ledger import FORMAT_VERSION, MAX_SKIP_EXAMPLES, Ledger, describe_differences, fingerprint
 from ponente.datacache.processor import BatchProcessor, TokenizerProcessor
@@ -155,6 +156,7 @@ def build_cache(
     progress: bool = True,
     batch_rows: int = 1024,
     batch_bytes: int = 4 << 20,
+    commit_interval: float = 0.5,
 ) -> CacheDataset:
     """Build (or resume, or just open when finished) the cache of ``inputs`` at ``output``.
 
@@ -180,6 +182,8 @@ def build_cache(
         progress: Show a progress bar (rows/s, tokens/s, MB/s) on stderr.
         batch_rows: Most records per batch (unit of work and of commit).
         batch_bytes: Most input bytes per batch.
+        commit_interval: Seconds between ledger commits: written batches become visible to readers at the
+            next commit (and at the end of the build). ``0`` commits after every batch.
 
     Returns:
         The finished cache, opened for reading.
@@ -191,12 +195,16 @@ def build_cache(
         ValueError: On invalid options.
         KeyboardInterrupt: On Ctrl-C, after stopping the workers; the cache stays resumable.
 
-    Example:
+    Examples:
         >>> cache = build_cache("corpus/*.jsonl.gz", "/data/cache", tokenizer="tokenizer.json")  # doctest: +SKIP
         >>> len(cache), cache[0]["input_ids"]  # doctest: +SKIP
     """
     if bad_records not in BAD_RECORD_POLICIES:
         raise ValueError(f"bad_records must be one of {BAD_RECORD_POLICIES}, found {bad_records!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers must be >= 0 (0: process in this process), found {workers}")
     if batch_rows < 1 or batch_bytes < 1:
         raise ValueError(f"batch_rows and batch_bytes must be positive, found {batch_rows} and {batch_bytes}")
     output = str(output)
@@ -239,8 +247,8 @@ def build_cache(
     else:
         logger.info("resuming the cache at %s from row %d", output, ledger.rows)
     worker_count = (os.cpu_count() or 1) if workers is None else workers
-    bar = _Progress(progress, ledger.rows, len(ledger.shards))
     pool = make_backend(backend, chosen, worker_count)
+    bar = _Progress(progress, ledger.rows, len(ledger.shards))
     first_field = next(iter(fields))
 
     def empty() -> Processed:
@@ -255,9 +263,12 @@ def build_cache(
         batch_rows=batch_rows,
         batch_bytes=batch_bytes,
     )
+    last_commit = time.monotonic()
+    consistent = True
     try:
         for batch, result in map_ordered(pool, batches, lambda b: b.records, empty):
             writer.append(ledger.rows, ledger.lengths, result)
+            consistent = False  # the ledger is being updated for this batch
             rows = len(result[first_field][1])
             ledger.rows += rows
             for name, (flat, _) in result.items():
@@ -271,13 +282,19 @@ def build_cache(
                 ledger.skipped[kind] = ledger.skipped.get(kind, 0) + count
             room = MAX_SKIP_EXAMPLES - len(ledger.skip_examples)
             ledger.skip_examples.extend(batch.examples[: max(0, room)])
-            writer.commit(ledger)
+            consistent = True
+            if time.monotonic() - last_commit >= commit_interval:
+                writer.commit(ledger)
+                last_commit = time.monotonic()
             done = batch.shard + 1 if batch.shard_done else batch.shard
             bar.update(rows, len(result[first_field][0]), batch.nbytes, done)
         ledger.finished = True
         writer.commit(ledger)
     except BaseException:
         pool.close(abort=True)
+        if consistent:  # it describes only data already written: commit it to keep the work done so far
+            with contextlib.suppress(Exception):
+                writer.commit(ledger)
         raise
     finally:
         bar.close()

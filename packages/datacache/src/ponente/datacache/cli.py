@@ -27,7 +27,9 @@ from ponente.datacache.verify import verify_cache
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ponente-cache", description="Build, inspect and verify token caches.")
     sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="build or resume a cache", description=(build_cache.__doc__ or "").split("\n")[0])
+    build = sub.add_parser(
+        "build", help="build or resume a cache", description=(build_cache.__doc__ or "").split("\n")[0]
+    )
     build.add_argument("inputs", nargs="+", metavar="INPUT", help="paths, globs or URLs (brace expansion allowed)")
     build.add_argument("--output", "-o", required=True, help="cache location (directory, memory://, gs://, s3://)")
     build.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory containing one, or a hub id")

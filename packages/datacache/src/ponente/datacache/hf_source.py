@@ -43,7 +43,7 @@ class HFSource:
         OSError: If a hub id cannot be loaded (offline, unknown id).
         ValueError: If ``split`` is missing or unknown.
 
-    Example:
+    Examples:
         >>> source = HFSource("/data/my_dataset", split="train")  # doctest: +SKIP
         >>> build_cache(source, "/data/cache", tokenizer="gpt2")  # doctest: +SKIP
     """
@@ -92,9 +92,7 @@ class HFSource:
         self._dataset = loaded
         label = split or "data"
         if isinstance(loaded, datasets.IterableDataset):
-            self._shards: dict[str, tuple[int, int]] = {
-                f"{label}#shard{i}": (i, -1) for i in range(loaded.num_shards)
-            }
+            self._shards: dict[str, tuple[int, int]] = {f"{label}#shard{i}": (i, -1) for i in range(loaded.num_shards)}
         else:
             total = len(loaded)
             self._shards = {

@@ -116,7 +116,7 @@ class TokenizerProcessor:
     Raises:
         ValueError: If ``bos`` or ``eos`` is not in the vocabulary.
 
-    Example:
+    Examples:
         >>> processor = TokenizerProcessor("tokenizer.json", eos="</s>")  # doctest: +SKIP
         >>> processor([{"text": "hello world"}])["input_ids"]  # doctest: +SKIP
         [array([ 31, 412,   2], dtype=int32)]
@@ -173,7 +173,9 @@ class TokenizerProcessor:
     def __call__(self, records: Sequence[Mapping[str, Any]]) -> dict[str, list[np.ndarray]]:
         """Tokenize the texts of ``records`` (a batch, in parallel threads inside ``tokenizers``)."""
         texts = [record[self.text_key] for record in records]
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=self.add_special_tokens)
+        # encode_batch_fast (tokenizers >= 0.21) skips character offsets; the ids are the same.
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        encodings = encode(texts, add_special_tokens=self.add_special_tokens)
         prefix = [self._bos_id] if self._bos_id is not None else []
         suffix = [self._eos_id] if self._eos_id is not None else []
         if prefix or suffix:
@@ -189,7 +191,7 @@ class PassthroughProcessor:
     Args:
         fields: Record keys to store and their dtype names, e.g. ``{"input_ids": "int32"}``.
 
-    Example:
+    Examples:
         >>> PassthroughProcessor()([{"input_ids": [5, 6, 7]}])["input_ids"]
         [array([5, 6, 7], dtype=int32)]
     """

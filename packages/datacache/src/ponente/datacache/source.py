@@ -239,7 +239,7 @@ class FileSource:
         ValueError: On an unknown format or txt mode, or an extension that names no format.
         FileNotFoundError: If a glob matches nothing.
 
-    Example:
+    Examples:
         >>> source = FileSource("corpus/train.{0..1}.jsonl.gz")  # doctest: +SKIP
         >>> source.shard_names  # doctest: +SKIP
         ['/abs/corpus/train.0.jsonl.gz', '/abs/corpus/train.1.jsonl.gz']

@@ -117,10 +117,9 @@ class StoreWriter:
         self.location = location
         base = kvstore_spec(location)
         self._kv = _open_kvstore(location)
+        remove_stale_locks(location)
         if create:
             self._kv.delete_range(ts.KvStore.KeyRange()).result()
-        else:
-            remove_stale_locks(location)
         self._arrays: dict[str, tuple[ts.TensorStore, ts.TensorStore]] = {}
         for field, dtype in fields.items():
             pair = []
@@ -379,7 +378,7 @@ def open_cache(location: str | os.PathLike[str], *, cache_bytes: int = 256 << 20
     Raises:
         CacheNotFoundError: If there is no cache (no ledger) at ``location``.
 
-    Example:
+    Examples:
         >>> cache = open_cache("/data/cache")  # doctest: +SKIP
         >>> len(cache), cache.is_finished, cache[0]["input_ids"][:5]  # doctest: +SKIP
     """

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -42,10 +42,10 @@ __all__ = [
     "infer_resource_partitions",
     "make_mesh",
     "named_jit",
-    "pspec_for",
-    "pspec_for_axis",
     "physical_axis_name",
     "physical_axis_size",
+    "pspec_for",
+    "pspec_for_axis",
     "round_axis_for_partitioning",
     "shard",
     "shard_with_axis_mapping",
@@ -63,7 +63,7 @@ ResourceMapping = Mapping[str, PhysicalAxisSpec]
 """Maps logical axis names (of NamedArrays) to mesh axis names, e.g. ``{"batch": "data", "mlp": "model"}``."""
 
 
-class ResourceAxis(str, enum.Enum):
+class ResourceAxis(enum.StrEnum):
     """Conventional mesh axis names: ``"model"`` (tensor parallel), ``"data"`` (data/FSDP), ``"replica"``.
 
     Members are strings, so ``ResourceAxis.DATA == "data"`` and they can be used anywhere a mesh axis
@@ -73,9 +73,6 @@ class ResourceAxis(str, enum.Enum):
     MODEL = "model"
     DATA = "data"
     REPLICA = "replica"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class _Context(threading.local):
@@ -355,7 +352,7 @@ def pspec_for_axis(axes: Sequence[AxisSelector], mapping: ResourceMapping | None
 
     Example:
         >>> pspec_for_axis(["batch", "embed"], {"batch": "data"})
-        PartitionSpec('data', None)
+        P('data', None)
     """
     entries: list[Any] = []
     owner: dict[str, str] = {}
@@ -421,7 +418,7 @@ def pspec_for(
     Example:
         >>> import ponente.namedtensor as hax
         >>> pspec_for({"w": hax.zeros({"embed": 4, "mlp": 8})}, {"mlp": "model"})
-        {'w': PartitionSpec(None, 'model')}
+        {'w': P(None, 'model')}
     """
     del use_auto_sharding
     mapping = _resolve_mapping(resource_mapping)
@@ -530,7 +527,7 @@ def shard(x: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None = No
         >>> mesh = make_mesh({"data": -1})
         >>> x = shard(hax.zeros({"batch": len(jax.devices()), "embed": 3}), {"batch": "data"}, mesh)
         >>> x.array.sharding.spec
-        PartitionSpec('data', None)
+        P('data', None)
     """
     resolved_mapping = _resolve_mapping(mapping)
     if resolved_mapping is None:
@@ -655,7 +652,7 @@ class _NamedJit:
         self.donate_args = donate_args
         self.donate_kwargs = donate_kwargs
         self.jit_args = jit_args
-        self._cache: dict[Any, Callable[..., Any]] = {}
+        self._cache: dict[Any, tuple[Callable[..., Any], Any]] = {}
         functools.update_wrapper(self, fn)
 
     def _donation_mask(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -678,10 +675,10 @@ class _NamedJit:
                 raise ValueError(f"named_jit: donate_kwargs names {unknown}, which are not keyword arguments")
             donate_kwargs = {k: donate_kwargs.get(k, False) for k in kwargs}
         else:
-            donate_kwargs = {k: donate_kwargs for k in kwargs}
+            donate_kwargs = dict.fromkeys(kwargs, donate_kwargs)
         return (donate_args, donate_kwargs)
 
-    def _compiled(self, static: _Static, mapping_key: Any, mesh: Mesh | None) -> Callable[..., Any]:
+    def _compiled(self, static: _Static, mapping_key: Any, mesh: Mesh | None) -> tuple[Callable[..., Any], Any]:
         key = (static, mapping_key, mesh)
         cached = self._cache.get(key)
         if cached is not None:
@@ -713,10 +710,10 @@ class _NamedJit:
             out_dynamic = jitted(donated, kept)
             return eqx.combine(out_dynamic, out_static[signature])
 
-        self._cache[key] = run
-        return run
+        self._cache[key] = (run, jitted)
+        return run, jitted
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], Any, Any, Any]:
         compute = self.axis_resources if self.axis_resources is not None else current_thread_local_mapping()
         in_mapping = self.in_axis_resources if self.in_axis_resources is not None else compute
         out_mapping = self.out_axis_resources if self.out_axis_resources is not None else compute
@@ -726,7 +723,25 @@ class _NamedJit:
         static = _Static(treedef, leaves)
         donated, kept = eqx.partition(dynamic, self._donation_mask(args, kwargs))
         mapping_key = (_freeze(compute), _freeze(in_mapping), _freeze(out_mapping))
-        return self._compiled(static, mapping_key, mesh)(donated, kept)
+        run, jitted = self._compiled(static, mapping_key, mesh)
+        return run, jitted, donated, kept
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run, _, donated, kept = self._prepare(args, kwargs)
+        return run(donated, kept)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower for these arguments without running (``jax.stages.Lowered``: ``.as_text()``, ``.compile()``).
+
+        Args:
+            *args: the positional arguments, as for a call.
+            **kwargs: the keyword arguments.
+
+        Returns:
+            The lowered computation (of the array part of the arguments).
+        """
+        _, jitted, donated, kept = self._prepare(args, kwargs)
+        return jitted.lower(donated, kept)
 
 
 def _unfreeze(key: Any) -> tuple[ResourceMapping | None, ...]:
@@ -798,7 +813,11 @@ def named_jit(
     return _NamedJit(fn, axis_resources, in_axis_resources, out_axis_resources, donate_args, donate_kwargs, jit_args)
 
 
-def fsdp(fn: F, parameter_mapping: ResourceMapping, compute_mapping: ResourceMapping) -> F:
+def fsdp(
+    fn: F | None = None,
+    parameter_mapping: ResourceMapping | None = None,
+    compute_mapping: ResourceMapping | None = None,
+) -> Any:
     """Compile ``fn`` for fully sharded data parallelism: store by one mapping, compute by another.
 
     Arguments and results are sharded by ``parameter_mapping`` (typically parameters split over the
@@ -806,7 +825,7 @@ def fsdp(fn: F, parameter_mapping: ResourceMapping, compute_mapping: ResourceMap
     is in effect, so XLA gathers each parameter when it is needed. Equivalent to
     ``named_jit(fn, compute_mapping, in_axis_resources=parameter_mapping,
     out_axis_resources=parameter_mapping)``. Switching to tensor parallelism means changing the two
-    mappings, not the model.
+    mappings, not the model. Also usable as ``@fsdp(parameter_mapping=..., compute_mapping=...)``.
 
     Args:
         fn: the function, e.g. a training step ``(model, opt_state, batch) -> (model, opt_state, loss)``.
@@ -814,9 +833,13 @@ def fsdp(fn: F, parameter_mapping: ResourceMapping, compute_mapping: ResourceMap
         compute_mapping: logical -> mesh axes during computation.
 
     Returns:
-        The compiled function.
+        The compiled function (or a decorator when ``fn`` is omitted).
+
+    Raises:
+        TypeError: if a mapping is missing.
     """
-    return cast(
-        F,
-        named_jit(fn, compute_mapping, in_axis_resources=parameter_mapping, out_axis_resources=parameter_mapping),
-    )
+    if parameter_mapping is None or compute_mapping is None:
+        raise TypeError("fsdp needs both parameter_mapping and compute_mapping")
+    if fn is None:
+        return functools.partial(fsdp, parameter_mapping=parameter_mapping, compute_mapping=compute_mapping)
+    return named_jit(fn, compute_mapping, in_axis_resources=parameter_mapping, out_axis_resources=parameter_mapping)

@@ -29,7 +29,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .axis import Axis
+from .core import NamedArray
+
 __all__ = [
+    "AMAX_HISTORY",
     "DefaultDotGeneralOp",
     "DotGeneralOp",
     "Fp8DotGeneralOp",
@@ -41,6 +45,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+AMAX_HISTORY = "amax_history"
+"""Name of the history axis of the FP8 state."""
 
 
 class DotGeneralOp(Protocol):
@@ -150,6 +157,15 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
     the backward pass. Each tensor's scale is ``max(amax history) / fp8_max``; the history records the
     absolute maximum of the tensor at every call (newest first).
 
+    Because the new state travels as a gradient, call each quantized layer once per gradient
+    computation and not under ``vmap`` over the batch (cotangents of shared state are summed: a
+    layer used twice would get the sum of two new states). Batch axes of the input are fine: the
+    layer contracts them through ``dot_general`` in one call.
+
+    The state is held in NamedArrays: scales have no axes and histories the axis ``amax_history``,
+    both preceded by ``batch_axes`` for a stacked layer (e.g. ``layers``), so that scanning a
+    ``Stacked`` block over its layers axis gives every layer its own state.
+
     Attributes:
         input_scale: scale of the left operand.
         output_grad_scale: scale of the output gradient.
@@ -160,21 +176,24 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
         compute_dtype: dtype in which the scaling division is done (None: the operand's dtype).
     """
 
-    input_scale: jax.Array
-    output_grad_scale: jax.Array
-    kernel_scale: jax.Array
-    input_amax_history: jax.Array
-    output_grad_amax_history: jax.Array
-    kernel_amax_history: jax.Array
+    input_scale: NamedArray
+    output_grad_scale: NamedArray
+    kernel_scale: NamedArray
+    input_amax_history: NamedArray
+    output_grad_amax_history: NamedArray
+    kernel_amax_history: NamedArray
     compute_dtype: Any = eqx.field(static=True, default=None)
 
     @classmethod
-    def init(cls, amax_history_length: int = 1024, compute_dtype: Any = None) -> Fp8DotGeneralOp:
+    def init(
+        cls, amax_history_length: int = 1024, compute_dtype: Any = None, batch_axes: tuple[Axis, ...] = ()
+    ) -> Fp8DotGeneralOp:
         """Fresh state: scales 1, histories of zeros.
 
         Args:
             amax_history_length: how many past absolute maxima each scale looks at.
             compute_dtype: dtype for the scaling arithmetic (None: the operand's dtype).
+            batch_axes: leading axes of a stacked layer (one independent state per entry).
 
         Returns:
             The operator.
@@ -184,8 +203,10 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
         """
         if amax_history_length < 1:
             raise ValueError(f"amax_history_length must be at least 1, got {amax_history_length}")
-        one = jnp.ones((), jnp.float32)
-        hist = jnp.zeros((amax_history_length,), jnp.float32)
+        lead = tuple(ax.size for ax in batch_axes)
+        one = NamedArray(jnp.ones(lead, jnp.float32), tuple(batch_axes))
+        hist_axes = (*batch_axes, Axis(AMAX_HISTORY, amax_history_length))
+        hist = NamedArray(jnp.zeros((*lead, amax_history_length), jnp.float32), hist_axes)
         return cls(one, one, one, hist, hist, hist, compute_dtype)
 
     def __call__(
@@ -196,11 +217,20 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
         precision: Any = None,
         preferred_element_type: Any = None,
     ) -> jax.Array:
-        """Quantize-dequantize both operands, contract, and quantize the output gradient on the way back."""
-        x = _in_qdq(self.compute_dtype, lhs, self.input_scale, self.input_amax_history)
-        k = _in_qdq(self.compute_dtype, rhs, self.kernel_scale, self.kernel_amax_history)
+        """Quantize-dequantize both operands, contract, and quantize the output gradient on the way back.
+
+        Raises:
+            ValueError: if the state still has stacked axes (call the layer inside a scan over them).
+        """
+        if self.input_scale.ndim != 0:
+            raise ValueError(
+                f"Fp8DotGeneralOp: the FP8 state has the stacked axes {self.input_scale.axis_names}; apply the "
+                "layer per layer (e.g. through Stacked.fold or hax.fold over that axis)"
+            )
+        x = _in_qdq(self.compute_dtype, lhs, self.input_scale.array, self.input_amax_history.array)
+        k = _in_qdq(self.compute_dtype, rhs, self.kernel_scale.array, self.kernel_amax_history.array)
         y = jax.lax.dot_general(x, k, dimension_numbers, precision, preferred_element_type)
-        return _out_qdq(self.compute_dtype, y, self.output_grad_scale, self.output_grad_amax_history)
+        return _out_qdq(self.compute_dtype, y, self.output_grad_scale.array, self.output_grad_amax_history.array)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,8 +287,10 @@ def quantize_linear_layers(tree: T, config: QuantizationConfig) -> T:
         The tree with the selected layers quantized (others unchanged).
 
     Raises:
-        ValueError: if ``config.fp8`` is False, or a selected layer is stacked (its weight has axes beyond
-            ``In`` and ``Out``), which this version does not support.
+        ValueError: if ``config.fp8`` is False.
+
+    A layer whose weight has axes beyond ``In`` and ``Out`` (a layer of a ``Stacked`` block, whose
+    weight carries the layers axis) gets one FP8 state per entry of those axes.
     """
     from .axis import axis_name
     from .nn.linear import Linear, _axes
@@ -273,13 +305,8 @@ def quantize_linear_layers(tree: T, config: QuantizationConfig) -> T:
         if not _matches(parts, config.targets):
             return node
         own = set(axis_name(_axes(node.In))) | set(axis_name(_axes(node.Out)))
-        extra = [n for n in node.weight.axis_names if n not in own]
-        if extra:
-            raise ValueError(
-                f"quantize_linear_layers: layer {'.'.join(parts)!r} has extra weight axes {extra} (a stacked layer); "
-                "FP8 state for stacked layers is not supported yet"
-            )
-        op = Fp8DotGeneralOp.init(config.amax_history_length, config.compute_dtype)
+        extra = tuple(ax for ax in node.weight.axes if ax.name not in own)
+        op = Fp8DotGeneralOp.init(config.amax_history_length, config.compute_dtype, extra)
         return eqx.tree_at(lambda lin: lin.dot_general, node, op)
 
     return jax.tree_util.tree_map_with_path(visit, tree, is_leaf=lambda x: isinstance(x, Linear))

@@ -80,6 +80,7 @@ class ModuleWithStateDictSerialization(eqx.Module):
         >>> import ponente.namedtensor as hax
         >>> class Norm(ModuleWithStateDictSerialization):
         ...     scale: hax.NamedArray
+        ...
         ...     def _state_dict_key_map(self):
         ...         return {"scale": "weight"}
         >>> list(to_state_dict(Norm(hax.ones({"embed": 2})), "ln"))
@@ -122,7 +123,9 @@ def _fields(module: eqx.Module) -> list[dataclasses.Field[Any]]:
 def _fields_to_state_dict(module: eqx.Module, prefix: str | None, key_map: Mapping[str, str | None]) -> StateDict:
     out: StateDict = {}
     for field in _fields(module):
-        out.update(to_state_dict(getattr(module, field.name), with_prefix(prefix, key_map.get(field.name, field.name))))
+        out.update(
+            to_state_dict(getattr(module, field.name), with_prefix(prefix, key_map.get(field.name, field.name)))
+        )
     return out
 
 
@@ -141,7 +144,7 @@ def _fields_from_state_dict(
         f.name: from_state_dict(getattr(module, f.name), state_dict, with_prefix(prefix, key_map.get(f.name, f.name)))
         for f in _fields(module)
     }
-    return _replace_fields(module, updates)  # type: ignore[no-any-return]
+    return _replace_fields(module, updates)
 
 
 def to_state_dict(tree: Any, prefix: str | None = None) -> StateDict:
@@ -238,12 +241,12 @@ def from_state_dict(tree: T, state_dict: Mapping[str, Any], prefix: str | None =
             raise ValueError("from_state_dict: an array needs a key; pass prefix=...")
         if prefix not in state_dict:
             raise _missing_key(prefix, state_dict)
-        return _load_array(tree, state_dict[prefix], prefix)  # type: ignore[no-any-return]
+        return _load_array(tree, state_dict[prefix], prefix)
     if isinstance(tree, eqx.Module):
         return _fields_from_state_dict(tree, state_dict, prefix, {})  # type: ignore[return-value]
     if isinstance(tree, (list, tuple)):
         items = [from_state_dict(item, state_dict, with_prefix(prefix, str(i))) for i, item in enumerate(tree)]
-        return type(tree)(items) if isinstance(tree, list) or type(tree) is tuple else type(tree)(*items)  # type: ignore[return-value]
+        return type(tree)(items) if isinstance(tree, list) or type(tree) is tuple else type(tree)(*items)
     if isinstance(tree, Mapping):
         return type(tree)(  # type: ignore[call-arg]
             {k: from_state_dict(v, state_dict, with_prefix(prefix, str(k))) for k, v in tree.items()}
@@ -396,9 +399,11 @@ def flatten_linear_layers(tree: T) -> T:
         bias = None if x.bias is None else _flatten_named(x.bias, outs, ins)
         n_out = int(np.prod([a.size for a in outs]))
         n_in = int(np.prod([a.size for a in ins]))
-        return _replace_fields(x, {"weight": weight, "bias": bias, "Out": Axis(_FLAT_OUT, n_out), "In": Axis(_FLAT_IN, n_in)})
+        return _replace_fields(
+            x, {"weight": weight, "bias": bias, "Out": Axis(_FLAT_OUT, n_out), "In": Axis(_FLAT_IN, n_in)}
+        )
 
-    return jax.tree_util.tree_map(flatten, tree, is_leaf=_is_linear)  # type: ignore[no-any-return]
+    return jax.tree_util.tree_map(flatten, tree, is_leaf=_is_linear)
 
 
 def unflatten_linear_layers(template: T, flattened: Any) -> T:
@@ -420,7 +425,7 @@ def unflatten_linear_layers(template: T, flattened: Any) -> T:
         bias = None if tmpl.bias is None else _unflatten_named(flat.bias, tmpl.bias, outs, ins)
         return _replace_fields(tmpl, {"weight": weight, "bias": bias})
 
-    return jax.tree_util.tree_map(unflatten, template, flattened, is_leaf=_is_linear)  # type: ignore[no-any-return]
+    return jax.tree_util.tree_map(unflatten, template, flattened, is_leaf=_is_linear)
 
 
 def to_numpy_state_dict(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -435,7 +440,9 @@ def to_numpy_state_dict(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return {k: np.asarray(jax.device_get(v)) for k, v in state_dict.items()}
 
 
-def to_torch_compatible_state_dict(tree: Any, *, flatten: bool = True, prefix: str | None = None) -> dict[str, np.ndarray]:
+def to_torch_compatible_state_dict(
+    tree: Any, *, flatten: bool = True, prefix: str | None = None
+) -> dict[str, np.ndarray]:
     """A state dict in PyTorch's conventions: NumPy arrays, ``Linear`` weights 2-D ``(out, in)``.
 
     Stacked layers appear as numbered keys (``layers.0.…``), so a ``Stacked`` model exports like a

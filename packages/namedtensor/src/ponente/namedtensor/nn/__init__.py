@@ -85,4 +85,12 @@ __all__ = [
 from . import scan
 from .scan import BlockFoldable, BlockSeq, ScanCheckpointPolicy, ScanCheckpointSpec, Stacked, tree_checkpoint_name
 
-__all__ += ["BlockFoldable", "BlockSeq", "ScanCheckpointPolicy", "ScanCheckpointSpec", "Stacked", "scan", "tree_checkpoint_name"]
+__all__ += [
+    "BlockFoldable",
+    "BlockSeq",
+    "ScanCheckpointPolicy",
+    "ScanCheckpointSpec",
+    "Stacked",
+    "scan",
+    "tree_checkpoint_name",
+]

@@ -28,6 +28,7 @@ __all__ = [
     "dot_product_attention",
     "dot_product_attention_weights",
     "dropout_mask",
+    "forgetful_causal_mask",
     "mask_to_bias",
     "prefix_lm_mask",
     "segment_mask",
@@ -51,6 +52,7 @@ def dot_product_attention_weights(
     bias: NamedArray | None = None,
     attention_dtype: Any = None,
     precision: Any = None,
+    scaling_factor: float | None = None,
 ) -> NamedArray:
     """Attention probabilities ``softmax(q · k / sqrt(|Key|) + bias, masked)`` over the key positions.
 
@@ -63,6 +65,7 @@ def dot_product_attention_weights(
         bias: added to the logits before masking (e.g. :func:`alibi_attention_bias`).
         attention_dtype: dtype for the logits and softmax (e.g. float32 under bf16 compute).
         precision: passed to the contraction.
+        scaling_factor: multiplies the logits (default ``1 / sqrt(|Key|)``).
 
     Returns:
         The weights: query's axes minus ``Key`` plus ``KPos``, in the query's dtype.
@@ -81,7 +84,8 @@ def dot_product_attention_weights(
     if missing:
         raise ValueError(f"attention: key-position axes {missing} are not in the key, whose axes are {key.axis_names}")
     orig_dtype = query.dtype
-    query = query / math.sqrt(query.axis_size(Key))
+    scale = 1.0 / math.sqrt(query.axis_size(Key)) if scaling_factor is None else scaling_factor
+    query = query * scale
     if attention_dtype is not None:
         query = query.astype(attention_dtype)
         key = key.astype(attention_dtype)
@@ -137,79 +141,89 @@ def dot_product_attention(
     return dot(weights, value, axis=_names(KPos), precision=precision)
 
 
-def _positions(Ax: Axis, start: Any) -> jax.Array:
-    return jnp.arange(Ax.size) + start
+Start = int | jax.Array | NamedArray
+"""An absolute start position: an int, a traced scalar, or a NamedArray of starts (e.g. one per batch row)."""
 
 
-def causal_mask(QPos: Axis, KPos: Axis, q_start: int | jax.Array = 0, k_start: int | jax.Array = 0) -> NamedArray:
+def _positions(Ax: Axis, start: Start) -> NamedArray:
+    """Absolute positions along ``Ax``; a NamedArray ``start`` adds its axes in front."""
+    offsets = jnp.arange(Ax.size)
+    if isinstance(start, NamedArray):
+        return NamedArray(start.array[..., None] + offsets, (*start.axes, Ax))
+    return NamedArray(offsets + start, (Ax,))
+
+
+def _pairwise(fn: Any, q: NamedArray, k: NamedArray) -> NamedArray:
+    """``fn(q_pos, k_pos)`` over the union of both position arrays' axes."""
+    a, b = _union(q, k)
+    return NamedArray(fn(a.array, b.array), a.axes)
+
+
+def _union(a: NamedArray, b: NamedArray) -> tuple[NamedArray, NamedArray]:
+    axes = a.axes + tuple(ax for ax in b.axes if not a.has_axis(ax.name))
+    return broadcast_to(a, axes), broadcast_to(b, axes)
+
+
+def causal_mask(QPos: Axis, KPos: Axis, q_start: Start = 0, k_start: Start = 0) -> NamedArray:
     """The causal mask: query position ``i`` may attend to key position ``j`` iff ``j <= i``.
 
     Args:
         QPos: the query-position axis.
         KPos: the key-position axis.
-        q_start: absolute position of the first query (e.g. when decoding with a cache).
-        k_start: absolute position of the first key.
+        q_start: absolute position of the first query (e.g. when decoding with a cache); a NamedArray
+            gives one start per entry of its axes (which the mask then has too).
+        k_start: absolute position of the first key (same rules).
 
     Returns:
-        A boolean mask with axes ``(QPos, KPos)``.
+        A boolean mask with axes ``(QPos, KPos)`` (plus the axes of NamedArray starts).
     """
-    q = _positions(QPos, q_start)[:, None]
-    k = _positions(KPos, k_start)[None, :]
-    return NamedArray(q >= k, (QPos, KPos))
+    return _pairwise(jnp.greater_equal, _positions(QPos, q_start), _positions(KPos, k_start))
 
 
-def sliding_window_mask(
-    QPos: Axis, KPos: Axis, window: int, q_start: int | jax.Array = 0, k_start: int | jax.Array = 0
-) -> NamedArray:
+def sliding_window_mask(QPos: Axis, KPos: Axis, window: int, q_start: Start = 0, k_start: Start = 0) -> NamedArray:
     """Causal attention limited to the last ``window`` positions: ``i - window < j <= i``.
 
     Args:
         QPos: the query-position axis.
         KPos: the key-position axis.
         window: how many positions (the query's own included) each query sees.
-        q_start: absolute position of the first query.
+        q_start: absolute position of the first query (an int, a scalar or a NamedArray of starts).
         k_start: absolute position of the first key.
 
     Returns:
-        A boolean mask with axes ``(QPos, KPos)``.
+        A boolean mask with axes ``(QPos, KPos)`` (plus the axes of NamedArray starts).
 
     Raises:
         ValueError: if ``window`` is less than 1.
     """
     if window < 1:
         raise ValueError(f"sliding_window_mask: window must be at least 1, got {window}")
-    q = _positions(QPos, q_start)[:, None]
-    k = _positions(KPos, k_start)[None, :]
-    return NamedArray((k <= q) & (q - k < window), (QPos, KPos))
+    return _pairwise(lambda q, k: (k <= q) & (q - k < window), _positions(QPos, q_start), _positions(KPos, k_start))
 
 
 def prefix_lm_mask(
-    QSeqLen: Axis,
-    KSeqLen: Axis,
-    prefix_len: int | jax.Array,
-    q_start: int | jax.Array = 0,
-    k_start: int | jax.Array = 0,
+    QSeqLen: Axis, KSeqLen: Axis, prefix_len: int | jax.Array, q_start: Start = 0, k_start: Start = 0
 ) -> NamedArray:
-    """Prefix-LM mask: every query sees the first ``prefix_len`` positions bidirectionally, the rest causally.
+    """Prefix-LM mask: every query sees the first ``prefix_len`` keys bidirectionally, the rest causally.
 
     Args:
         QSeqLen: the query-position axis.
         KSeqLen: the key-position axis.
-        prefix_len: the length of the bidirectional prefix (absolute key positions ``< prefix_len``).
+        prefix_len: the length of the bidirectional prefix, counted from the first key.
         q_start: absolute position of the first query.
         k_start: absolute position of the first key.
 
     Returns:
-        A boolean mask with axes ``(QSeqLen, KSeqLen)``.
+        A boolean mask with axes ``(QSeqLen, KSeqLen)`` (plus the axes of NamedArray starts).
+
+    Raises:
+        ValueError: if ``prefix_len`` is a negative int.
     """
-    k = _positions(KSeqLen, k_start)[None, :]
-    prefix = NamedArray(jnp.broadcast_to(k < prefix_len, (QSeqLen.size, KSeqLen.size)), (QSeqLen, KSeqLen))
-    return causal_mask(QSeqLen, KSeqLen, q_start, k_start) | prefix
-
-
-def _union(a: NamedArray, b: NamedArray) -> tuple[NamedArray, NamedArray]:
-    axes = a.axes + tuple(ax for ax in b.axes if not a.has_axis(ax.name))
-    return broadcast_to(a, axes), broadcast_to(b, axes)
+    if isinstance(prefix_len, int) and prefix_len < 0:
+        raise ValueError(f"prefix_lm_mask: prefix_len must be >= 0, got {prefix_len}")
+    prefix = NamedArray(jnp.arange(KSeqLen.size) < prefix_len, (KSeqLen,))
+    causal = causal_mask(QSeqLen, KSeqLen, q_start, k_start)
+    return NamedArray(causal.array | broadcast_to(prefix, causal.axes).array, causal.axes)
 
 
 def segment_mask(q_segment_ids: NamedArray, kv_segment_ids: NamedArray) -> NamedArray:
@@ -295,6 +309,32 @@ def dropout_mask(axes: Any, dropout_rate: float, *, key: jax.Array) -> NamedArra
         The boolean mask.
     """
     return bernoulli(key, axes, 1.0 - dropout_rate)
+
+
+def forgetful_causal_mask(KPos: Axis, mask_prob: float, sample_prob: bool = True, *, key: jax.Array) -> NamedArray:
+    """Forgetful causal masking (Liu et al. 2022): drop random key positions, always keeping position 0.
+
+    Args:
+        KPos: the key-position axis.
+        mask_prob: probability of dropping a position.
+        sample_prob: if True, the drop probability is itself drawn uniformly from ``[0, mask_prob]``.
+        key: the PRNG key.
+
+    Returns:
+        A boolean mask over ``KPos`` (combine it with :func:`causal_mask`).
+
+    Raises:
+        ValueError: if ``mask_prob`` is outside ``[0, 1]``.
+    """
+    if not 0.0 <= mask_prob <= 1.0:
+        raise ValueError(f"forgetful_causal_mask: mask_prob must be in [0, 1], got {mask_prob}")
+    first = jnp.arange(KPos.size) == 0
+    prob: Any = mask_prob
+    if sample_prob and 0.0 < mask_prob < 1.0:
+        key, sub = jax.random.split(key)
+        prob = jax.random.uniform(sub, (), minval=0.0, maxval=mask_prob)
+    keep = jax.random.bernoulli(key, 1.0 - prob, (KPos.size,))
+    return NamedArray(keep | first, (KPos,))
 
 
 def _alibi_slopes(n: int, bias_max: float) -> list[float]:

@@ -14,6 +14,7 @@ from .. import random as hrandom
 from ..axis import Axis, AxisSelector
 from ..core import NamedArray
 from ..jax_utils import named_call
+from ..partitioning import auto_sharded
 from ..util import ensure_tuple
 
 __all__ = ["Conv", "ConvTranspose"]
@@ -102,7 +103,7 @@ class _ConvBase(eqx.Module):
         out = NamedArray(y, (*batch, self.Out, *spatial))
         if self.bias is not None:
             out = out + self.bias
-        return out
+        return auto_sharded(out)
 
 
 class Conv(_ConvBase):

@@ -13,6 +13,7 @@ from ..axis import Axis, AxisSpec, axis_name, axis_size
 from ..core import NamedArray
 from ..dot import dot
 from ..jax_utils import named_call
+from ..partitioning import auto_sharded
 from ..util import ensure_tuple
 
 __all__ = ["Embedding"]
@@ -89,7 +90,7 @@ class Embedding(eqx.Module):
         if input_ids.has_axis(self.Vocab.name):
             raise ValueError(f"Embedding.embed: the ids must not have the vocabulary axis {self.Vocab.name!r}")
         rows = jnp.take(self.weight.array, input_ids.array, axis=0)
-        return NamedArray(rows, input_ids.axes + self.weight.axes[1:])
+        return auto_sharded(NamedArray(rows, input_ids.axes + self.weight.axes[1:]))
 
     @named_call
     def unembed(self, input_embeds: NamedArray) -> NamedArray:
@@ -101,7 +102,7 @@ class Embedding(eqx.Module):
         Returns:
             The other axes of ``input_embeds`` followed by ``Vocab``.
         """
-        return dot(input_embeds, self.weight, axis=axis_name(self.Embed))
+        return auto_sharded(dot(input_embeds, self.weight, axis=axis_name(self.Embed)))
 
     def resize_embeddings(self, new_size: int, key: jax.Array | None = None) -> Embedding:
         """A copy with ``new_size`` rows: truncated, or extended with rows drawn around the mean row.

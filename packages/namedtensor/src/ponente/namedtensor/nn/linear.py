@@ -13,6 +13,7 @@ from ..axis import Axis, AxisSpec, axis_name, axis_size
 from ..core import NamedArray
 from ..creation import zeros
 from ..jax_utils import named_call
+from ..partitioning import auto_sharded
 from ..quantization import DefaultDotGeneralOp, DotGeneralOp
 from ..util import ensure_tuple
 
@@ -131,9 +132,10 @@ class Linear(eqx.Module):
             ValueError: if an ``In`` axis is missing or has the wrong size.
         """
         del key
-        out = _contract(inputs, self.weight, self.In, self.dot_general)
+        # shard the activations by the current axis mapping (a no-op without one), as Haliax does
+        out = auto_sharded(_contract(inputs, self.weight, self.In, self.dot_general))
         if self.bias is not None:
-            out = out + self.bias
+            out = auto_sharded(out + self.bias)
         return out
 
     @property

@@ -12,8 +12,9 @@ from ..axis import AxisSpec, axis_name
 from ..core import NamedArray
 from ..creation import ones, zeros
 from ..jax_utils import named_call
+from .functional import log_softmax, logsumexp, softmax, standardize  # also importable from here, as in Haliax
 
-__all__ = ["LayerNorm", "LayerNormBase", "RmsNorm"]
+__all__ = ["LayerNorm", "LayerNormBase", "RmsNorm", "log_softmax", "logsumexp", "softmax", "standardize"]
 
 L = TypeVar("L", bound="LayerNormBase")
 

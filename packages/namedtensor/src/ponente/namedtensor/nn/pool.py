@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from ..axis import Axis, AxisSpec
 from ..core import NamedArray
+from ..partitioning import auto_sharded
 from ..util import ensure_tuple
 
 __all__ = ["Padding", "max_pool", "mean_pool", "min_pool", "pool"]
@@ -78,7 +79,7 @@ def _prepare(
 
 
 def _named_result(inputs: NamedArray, out: jax.Array) -> NamedArray:
-    return NamedArray(out, tuple(ax.resize(n) for ax, n in zip(inputs.axes, out.shape, strict=True)))
+    return auto_sharded(NamedArray(out, tuple(ax.resize(n) for ax, n in zip(inputs.axes, out.shape, strict=True))))
 
 
 def pool(

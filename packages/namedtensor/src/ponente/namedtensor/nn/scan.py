@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import equinox as eqx
@@ -155,12 +155,14 @@ class ScanCheckpointPolicy:
             return _SHORTCUTS[remat_config]
         if isinstance(remat_config, (list, tuple)) and all(isinstance(n, str) for n in remat_config):
             return ScanCheckpointPolicy(save_block_internals=tuple(remat_config))
-        raise TypeError(f"gradient checkpointing must be a bool, a string, a list of names or a policy, got {remat_config!r}")
+        raise TypeError(
+            f"gradient checkpointing must be a bool, a string, a list of names or a policy, got {remat_config!r}"
+        )
 
     def _jax_policy(self) -> Callable[..., Any]:
         if self.save_block_internals is True:
             return jax.checkpoint_policies.everything_saveable
-        internals = () if self.save_block_internals is False else tuple(self.save_block_internals)  # type: ignore[arg-type]
+        internals = () if self.save_block_internals is False else tuple(self.save_block_internals)
         saved = list(internals)
         offloaded: list[str] = []
         for value, name in ((self.save_carries, _CARRY), (self.save_inputs, _INPUTS)):
@@ -275,10 +277,10 @@ def _split_layers(tree: Any, Block: Axis, Outer: Axis, Inner: Axis) -> Any:
         if dim is None:
             return leaf
         if isinstance(leaf, NamedArray):
-            shape = leaf.array.shape[:dim] + (Outer.size, Inner.size) + leaf.array.shape[dim + 1 :]
-            axes = leaf.axes[:dim] + (Outer, Inner) + leaf.axes[dim + 1 :]
+            shape = (*leaf.array.shape[:dim], Outer.size, Inner.size, *leaf.array.shape[dim + 1 :])
+            axes = (*leaf.axes[:dim], Outer, Inner, *leaf.axes[dim + 1 :])
             return NamedArray(jnp.reshape(leaf.array, shape), axes)
-        return jnp.reshape(leaf, (Outer.size, Inner.size) + tuple(leaf.shape[1:]))
+        return jnp.reshape(leaf, (Outer.size, Inner.size, *tuple(leaf.shape[1:])))
 
     return jax.tree_util.tree_map(one, tree, is_leaf=_is_named)
 
@@ -357,9 +359,11 @@ class Stacked(ModuleWithStateDictSerialization, Generic[M]):
         >>> import ponente.namedtensor as hax
         >>> class Scale(eqx.Module):
         ...     w: hax.NamedArray
+        ...
         ...     @staticmethod
         ...     def init(Embed, *, key):
         ...         return Scale(hax.random.normal(key, Embed))
+        ...
         ...     def __call__(self, x):
         ...         return x * self.w
         >>> Layers, Embed = hax.Axis("layers", 3), hax.Axis("embed", 4)
@@ -539,10 +543,12 @@ class Stacked(ModuleWithStateDictSerialization, Generic[M]):
         """
         if not -self.Block.size <= index < self.Block.size:
             raise IndexError(f"layer {index} out of range for axis {self.Block}")
-        return _take_layer(self.stacked, self.Block, index % self.Block.size)  # type: ignore[no-any-return]
+        return _take_layer(self.stacked, self.Block, index % self.Block.size)
 
     @classmethod
-    def from_layers(cls, Block: Axis, layers: Sequence[M], gradient_checkpointing: ScanCheckpointSpec = False) -> Stacked[M]:
+    def from_layers(
+        cls, Block: Axis, layers: Sequence[M], gradient_checkpointing: ScanCheckpointSpec = False
+    ) -> Stacked[M]:
         """Stack separately built blocks of identical structure into one :class:`Stacked`.
 
         Args:
@@ -562,7 +568,7 @@ class Stacked(ModuleWithStateDictSerialization, Generic[M]):
         """Numbered per-layer keys: ``{prefix}.{i}.{key}`` holds layer ``i`` of ``{prefix}.{key}``."""
         return unstack_state_dict(to_state_dict(self.stacked, prefix), prefix, self.Block.size)
 
-    def from_state_dict(self, state_dict: StateDict, prefix: str | None = None) -> Stacked[M]:
+    def from_state_dict(self, state_dict: Mapping[str, Any], prefix: str | None = None) -> Stacked[M]:
         """Read numbered per-layer keys (``{prefix}.{i}.…``) back into the stacked block."""
         stacked = stack_state_dict(state_dict, prefix, self.Block.size)
         return dataclasses.replace(self, stacked=from_state_dict(self.stacked, stacked, prefix))
@@ -588,7 +594,7 @@ class BlockSeq(ModuleWithStateDictSerialization, Generic[M]):
         blocks: the blocks.
         Block: the layers axis (its size is the number of blocks).
         gradient_checkpointing: the checkpointing policy or shortcut, applied to each block (``nested``
-            is treated as plain per-block checkpointing).
+            is treated as plain per-block checkpointing, and ``prevent_cse`` is always on).
     """
 
     blocks: Sequence[M]
@@ -604,7 +610,7 @@ class BlockSeq(ModuleWithStateDictSerialization, Generic[M]):
         gradient_checkpointing: ScanCheckpointSpec = False,
         prevent_cse: bool = False,
     ) -> Callable[..., BlockSeq[M]]:
-        """Return a constructor that builds ``Block.size`` blocks, splitting per-layer arguments like :meth:`Stacked.init`.
+        """Return a constructor that builds ``Block.size`` blocks, splitting arguments as :meth:`Stacked.init` does.
 
         Args:
             Block: the layers axis.
@@ -650,8 +656,9 @@ class BlockSeq(ModuleWithStateDictSerialization, Generic[M]):
 
     @property
     def _policy(self) -> ScanCheckpointPolicy:
+        # unrolled blocks are not inside a scan, so XLA could merge recomputation back into the forward pass
         policy = ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing)
-        return dataclasses.replace(policy, nested=False) if policy.nested else policy
+        return dataclasses.replace(policy, nested=False, prevent_cse=True)
 
     def fold(self, init: Any, *args: Any, **kwargs: Any) -> Any:
         """Apply the blocks in order (see :meth:`Stacked.fold`).
@@ -760,7 +767,7 @@ class BlockSeq(ModuleWithStateDictSerialization, Generic[M]):
             out.update(to_state_dict(block, with_prefix(prefix, str(i))))
         return out
 
-    def from_state_dict(self, state_dict: StateDict, prefix: str | None = None) -> BlockSeq[M]:
+    def from_state_dict(self, state_dict: Mapping[str, Any], prefix: str | None = None) -> BlockSeq[M]:
         """Read numbered per-layer keys (``{prefix}.{i}.…``) into the blocks."""
         blocks = tuple(from_state_dict(b, state_dict, with_prefix(prefix, str(i))) for i, b in enumerate(self.blocks))
         return dataclasses.replace(self, blocks=blocks)
