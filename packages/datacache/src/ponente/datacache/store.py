@@ -17,13 +17,13 @@ from __future__ import annotations
 import collections
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
+from ponente.datacache.dataset import Dataset
 from ponente.datacache.errors import CacheNotFoundError
 from ponente.datacache.ledger import LEDGER_KEY, Ledger
 
@@ -183,7 +183,7 @@ class _LruBlocks:
                 self._bytes -= old.nbytes
 
 
-class CacheDataset:
+class CacheDataset(Dataset[dict[str, np.ndarray]]):
     """A cache opened for reading: a random-access dataset of rows, each a dict of NumPy arrays.
 
     Use :func:`open_cache` to get one. Rows appear as the builder commits them (``len`` grows) until the
@@ -347,17 +347,7 @@ class CacheDataset:
             ``True`` when the wait ended because the rows are committed or the cache is finished (check
             ``len(self)``: a finished cache may have fewer rows than asked), ``False`` on timeout.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            ledger = self.refresh()
-            if ledger.finished or (rows is not None and ledger.rows >= rows):
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
-            delay = min(delay * 1.5, 0.25)
+        return self.wait_for_length(rows, timeout=timeout)
 
     def __repr__(self) -> str:
         ledger = self._ledger
