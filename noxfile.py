@@ -31,7 +31,7 @@ SIBLINGS: dict[str, tuple[str, ...]] = {
 # Extras each package's own tests need besides `test` (e.g. the Ray backend of the cache builder).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "namedtensor": ("test",),
-    "datacache": ("test", "ray"),
+    "datacache": ("test", "ray", "hf"),
     "models": ("test",),
     "trainer": ("test",),
 }

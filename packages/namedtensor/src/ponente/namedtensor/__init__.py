@@ -492,3 +492,8 @@ __all__ += [
     "tree_util",
     "vmap",
 ]
+
+# --- nn layers, quantization, scan-over-layers, partitioning, state dicts ---
+from . import nn, quantization
+
+__all__ += ["nn", "quantization"]
