@@ -36,7 +36,7 @@ def run_page(page: Path) -> int:
     blocks = python_blocks(page)
     for line, code in blocks:
         try:
-            exec(compile(code, f"{page}:{line}", "exec"), namespace)
+            exec(compile(code, f"{page}:{line}", "exec", dont_inherit=True), namespace)
         except Exception as exc:
             traceback.print_exc()
             raise SystemExit(f"example failed: {page} line {line}: {type(exc).__name__}: {exc}") from exc

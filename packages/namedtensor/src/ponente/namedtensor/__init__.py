@@ -494,6 +494,20 @@ __all__ += [
 ]
 
 # --- nn layers, quantization, scan-over-layers, partitioning, state dicts ---
-from . import nn, quantization
+from . import nn, partitioning, quantization, state_dict
+from .nn.scan import tree_checkpoint_name
+from .partitioning import auto_sharded, axis_mapping, fsdp, named_jit, shard, shard_with_axis_mapping
 
-__all__ += ["nn", "quantization"]
+__all__ += [
+    "auto_sharded",
+    "axis_mapping",
+    "fsdp",
+    "named_jit",
+    "nn",
+    "partitioning",
+    "quantization",
+    "shard",
+    "shard_with_axis_mapping",
+    "state_dict",
+    "tree_checkpoint_name",
+]
