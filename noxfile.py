@@ -32,7 +32,7 @@ SIBLINGS: dict[str, tuple[str, ...]] = {
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "namedtensor": ("test",),
     "datacache": ("test", "ray", "hf"),
-    "models": ("test",),
+    "models": ("test", "torch"),
     "trainer": ("test",),
 }
 # Markers with sessions of their own; the per-package `tests` sessions deselect them.

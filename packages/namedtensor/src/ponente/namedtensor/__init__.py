@@ -5,7 +5,27 @@ The public API follows Haliax's, so ``import ponente.namedtensor as hax`` ports 
 
 __version__ = "0.1.0"
 
-from . import axis, core, counting, creation, cumulative, elementwise, ops, reductions, sorting, util, wrap
+from . import (
+    axis,
+    core,
+    counting,
+    creation,
+    cumulative,
+    debug,
+    elementwise,
+    jax_utils,
+    nn,
+    ops,
+    partitioning,
+    quantization,
+    random,
+    reductions,
+    sorting,
+    state_dict,
+    tree_util,
+    util,
+    wrap,
+)
 from .axis import (
     Axis,
     AxisSelection,
@@ -82,6 +102,8 @@ from .cumulative import (
     nancumprod,
     nancumsum,
 )
+from .dot import dot
+from .einsum import einsum
 from .elementwise import (
     abs,
     absolute,
@@ -197,6 +219,8 @@ from .elementwise import (
     true_divide,
     trunc,
 )
+from .hof import fold, jit, map, scan, vmap
+from .nn.scan import tree_checkpoint_name
 from .ops import (
     allclose,
     array_equal,
@@ -208,6 +232,8 @@ from .ops import (
     triu,
     where,
 )
+from .partitioning import auto_sharded, axis_mapping, fsdp, named_jit, shard, shard_with_axis_mapping
+from .rearrange import rearrange
 from .reductions import (
     all,
     any,
@@ -278,7 +304,9 @@ __all__ = [
     "atan",
     "atan2",
     "atanh",
+    "auto_sharded",
     "axis",
+    "axis_mapping",
     "axis_name",
     "axis_size",
     "bincount",
@@ -312,12 +340,15 @@ __all__ = [
     "cumsum",
     "cumulative",
     "dblock",
+    "debug",
     "deg2rad",
     "degrees",
     "divide",
     "divmod",
+    "dot",
     "ds",
     "dslice",
+    "einsum",
     "elementwise",
     "eliminate_axes",
     "enable_shape_checks",
@@ -335,7 +366,9 @@ __all__ = [
     "fmax",
     "fmin",
     "fmod",
+    "fold",
     "frexp",
+    "fsdp",
     "full",
     "full_like",
     "gcd",
@@ -358,6 +391,8 @@ __all__ = [
     "isneginf",
     "isposinf",
     "isreal",
+    "jax_utils",
+    "jit",
     "lcm",
     "ldexp",
     "left_shift",
@@ -376,6 +411,7 @@ __all__ = [
     "logical_xor",
     "logspace",
     "make_axes",
+    "map",
     "max",
     "maximum",
     "mean",
@@ -385,6 +421,7 @@ __all__ = [
     "modf",
     "multiply",
     "named",
+    "named_jit",
     "nan_to_num",
     "nanargmax",
     "nanargmin",
@@ -399,21 +436,26 @@ __all__ = [
     "nanvar",
     "negative",
     "nextafter",
+    "nn",
     "nonzero",
     "not_equal",
     "ones",
     "ones_like",
     "ops",
     "pad",
+    "partitioning",
     "positive",
     "pow",
     "power",
     "prod",
     "ptp",
+    "quantization",
     "rad2deg",
     "radians",
+    "random",
     "ravel",
     "real",
+    "rearrange",
     "reciprocal",
     "reductions",
     "remainder",
@@ -425,8 +467,11 @@ __all__ = [
     "rint",
     "roll",
     "round",
+    "scan",
     "searchsorted",
     "selects_axis",
+    "shard",
+    "shard_with_axis_mapping",
     "sign",
     "signbit",
     "sin",
@@ -440,6 +485,7 @@ __all__ = [
     "sqrt",
     "square",
     "stack",
+    "state_dict",
     "std",
     "subtract",
     "sum",
@@ -449,6 +495,8 @@ __all__ = [
     "tile",
     "top_k",
     "trace",
+    "tree_checkpoint_name",
+    "tree_util",
     "tril",
     "triu",
     "true_divide",
@@ -464,50 +512,10 @@ __all__ = [
     "updated_slice",
     "util",
     "var",
+    "vmap",
     "where",
     "without_axes",
     "wrap",
     "zeros",
     "zeros_like",
-]
-
-# --- exports of dot/einsum/rearrange/random/hof/tree_util/jax_utils/debug (maintained by NT2) ---
-from . import debug, jax_utils, random, tree_util
-from .dot import dot
-from .einsum import einsum
-from .hof import fold, jit, map, scan, vmap
-from .rearrange import rearrange
-
-__all__ += [
-    "debug",
-    "dot",
-    "einsum",
-    "fold",
-    "jax_utils",
-    "jit",
-    "map",
-    "random",
-    "rearrange",
-    "scan",
-    "tree_util",
-    "vmap",
-]
-
-# --- nn layers, quantization, scan-over-layers, partitioning, state dicts ---
-from . import nn, partitioning, quantization, state_dict
-from .nn.scan import tree_checkpoint_name
-from .partitioning import auto_sharded, axis_mapping, fsdp, named_jit, shard, shard_with_axis_mapping
-
-__all__ += [
-    "auto_sharded",
-    "axis_mapping",
-    "fsdp",
-    "named_jit",
-    "nn",
-    "partitioning",
-    "quantization",
-    "shard",
-    "shard_with_axis_mapping",
-    "state_dict",
-    "tree_checkpoint_name",
 ]
