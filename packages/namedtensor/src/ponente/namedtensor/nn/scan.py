@@ -340,7 +340,81 @@ class BlockFoldable(Protocol[M_co]):
         ...
 
 
-class Stacked(ModuleWithStateDictSerialization, Generic[M]):
+class _LayerSequence(ModuleWithStateDictSerialization, Generic[M]):
+    """What `Stacked` and `BlockSeq` share: fold/scan/vmap are defined by each one's `_run` and `vmap_via`."""
+
+    def _run(self, fn: Callable[..., Any], with_outputs: bool) -> Callable[..., tuple[Any, Any]]:
+        raise NotImplementedError
+
+    def vmap_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def fold(self, init: Any, *args: Any, **kwargs: Any) -> Any:
+        """Apply the blocks in order: ``x = block_i(x, *args_i, **kwargs_i)`` for each layer ``i``.
+
+        Arguments with the layers axis are split per layer; the rest go to every block.
+
+        Args:
+            init: the input of the first block.
+            *args: extra positional arguments for each block.
+            **kwargs: extra keyword arguments for each block.
+
+        Returns:
+            The output of the last block.
+        """
+        return self.fold_via(_call_block)(init, *args, **kwargs)
+
+    def scan(self, init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Apply blocks that return ``(carry, output)``; outputs are stacked along the layers axis.
+
+        Args:
+            init: the input carry of the first block.
+            *args: extra positional arguments for each block.
+            **kwargs: extra keyword arguments for each block.
+
+        Returns:
+            ``(last carry, outputs with the layers axis first)``.
+        """
+        return self.scan_via(_call_block)(init, *args, **kwargs)
+
+    def vmap(self, init: Any, *args: Any, **kwargs: Any) -> Any:
+        """Apply every block to the same ``init`` in parallel; outputs are stacked along the layers axis.
+
+        Args:
+            init: the input given to every block.
+            *args: extra positional arguments (split per layer where they have the layers axis).
+            **kwargs: extra keyword arguments (likewise).
+
+        Returns:
+            The outputs, with the layers axis first.
+        """
+        return self.vmap_via(_call_block)(init, *args, **kwargs)
+
+    def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` instead of calling the block.
+
+        Args:
+            fn: e.g. an unbound method such as ``Block.decode``.
+
+        Returns:
+            A function ``(init, *args, **kwargs) -> final carry``.
+        """
+        run = self._run(fn, with_outputs=False)
+        return lambda init, *args, **kwargs: run(init, *args, **kwargs)[0]
+
+    def scan_via(self, fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
+        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)``.
+
+        Args:
+            fn: the per-block function.
+
+        Returns:
+            A function ``(init, *args, **kwargs) -> (final carry, stacked outputs)``.
+        """
+        return self._run(fn, with_outputs=True)
+
+
+class Stacked(_LayerSequence[M]):
     """A stack of identical blocks whose parameters share a leading layers axis, applied by a scan.
 
     Every NamedArray in ``stacked`` has the ``Block`` axis and every plain array a leading dimension
@@ -441,70 +515,6 @@ class Stacked(ModuleWithStateDictSerialization, Generic[M]):
 
         return run
 
-    def fold(self, init: Any, *args: Any, **kwargs: Any) -> Any:
-        """Apply the blocks in order: ``x = block_i(x, *args_i, **kwargs_i)`` for each layer ``i``.
-
-        Arguments with the layers axis are split per layer; the rest go to every block.
-
-        Args:
-            init: the input of the first block.
-            *args: extra positional arguments for each block.
-            **kwargs: extra keyword arguments for each block.
-
-        Returns:
-            The output of the last block.
-        """
-        return self.fold_via(_call_block)(init, *args, **kwargs)
-
-    def scan(self, init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        """Apply blocks that return ``(carry, output)``; outputs are stacked along the layers axis.
-
-        Args:
-            init: the input carry of the first block.
-            *args: extra positional arguments for each block.
-            **kwargs: extra keyword arguments for each block.
-
-        Returns:
-            ``(last carry, outputs with the layers axis first)``.
-        """
-        return self.scan_via(_call_block)(init, *args, **kwargs)
-
-    def vmap(self, init: Any, *args: Any, **kwargs: Any) -> Any:
-        """Apply every block to the same ``init`` in parallel; outputs are stacked along the layers axis.
-
-        Args:
-            init: the input given to every block.
-            *args: extra positional arguments (split per layer where they have the layers axis).
-            **kwargs: extra keyword arguments (likewise).
-
-        Returns:
-            The outputs, with the layers axis first.
-        """
-        return self.vmap_via(_call_block)(init, *args, **kwargs)
-
-    def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` instead of calling the block.
-
-        Args:
-            fn: e.g. an unbound method such as ``Block.decode``.
-
-        Returns:
-            A function ``(init, *args, **kwargs) -> final carry``.
-        """
-        run = self._run(fn, with_outputs=False)
-        return lambda init, *args, **kwargs: run(init, *args, **kwargs)[0]
-
-    def scan_via(self, fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
-        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)``.
-
-        Args:
-            fn: the per-block function.
-
-        Returns:
-            A function ``(init, *args, **kwargs) -> (final carry, stacked outputs)``.
-        """
-        return self._run(fn, with_outputs=True)
-
     def vmap_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Apply ``fn(block, *args, **kwargs)`` to every block in parallel (``vmap`` over the layers axis).
 
@@ -584,7 +594,7 @@ def _with_prevent_cse(spec: ScanCheckpointSpec, prevent_cse: bool) -> ScanCheckp
     return dataclasses.replace(ScanCheckpointPolicy.from_bool_or_str(spec), prevent_cse=True)
 
 
-class BlockSeq(ModuleWithStateDictSerialization, Generic[M]):
+class BlockSeq(_LayerSequence[M]):
     """A sequence of blocks applied one after the other in Python (unrolled), with :class:`Stacked`'s interface.
 
     Compiles every block separately (slower to compile than :class:`Stacked`, identical results);
@@ -659,68 +669,6 @@ class BlockSeq(ModuleWithStateDictSerialization, Generic[M]):
         # unrolled blocks are not inside a scan, so XLA could merge recomputation back into the forward pass
         policy = ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing)
         return dataclasses.replace(policy, nested=False, prevent_cse=True)
-
-    def fold(self, init: Any, *args: Any, **kwargs: Any) -> Any:
-        """Apply the blocks in order (see :meth:`Stacked.fold`).
-
-        Args:
-            init: the input of the first block.
-            *args: extra positional arguments (split per layer where they have the layers axis).
-            **kwargs: extra keyword arguments (likewise).
-
-        Returns:
-            The output of the last block.
-        """
-        return self.fold_via(_call_block)(init, *args, **kwargs)
-
-    def scan(self, init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        """Apply blocks returning ``(carry, output)`` (see :meth:`Stacked.scan`).
-
-        Args:
-            init: the input carry.
-            *args: extra positional arguments.
-            **kwargs: extra keyword arguments.
-
-        Returns:
-            ``(last carry, outputs with the layers axis first)``.
-        """
-        return self.scan_via(_call_block)(init, *args, **kwargs)
-
-    def vmap(self, init: Any, *args: Any, **kwargs: Any) -> Any:
-        """Apply every block to the same ``init`` (see :meth:`Stacked.vmap`).
-
-        Args:
-            init: the input given to every block.
-            *args: extra positional arguments.
-            **kwargs: extra keyword arguments.
-
-        Returns:
-            The outputs, with the layers axis first.
-        """
-        return self.vmap_via(_call_block)(init, *args, **kwargs)
-
-    def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` (see :meth:`Stacked.fold_via`).
-
-        Args:
-            fn: the per-block function.
-
-        Returns:
-            A function ``(init, *args, **kwargs) -> final carry``.
-        """
-        run = self._run(fn, with_outputs=False)
-        return lambda init, *args, **kwargs: run(init, *args, **kwargs)[0]
-
-    def scan_via(self, fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
-        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)`` (see :meth:`Stacked.scan_via`).
-
-        Args:
-            fn: the per-block function.
-
-        Returns:
-            A function ``(init, *args, **kwargs) -> (final carry, stacked outputs)``.
-        """
-        return self._run(fn, with_outputs=True)
 
     def vmap_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Apply ``fn(block, *args, **kwargs)`` to every block; outputs stacked along the layers axis.

@@ -1,0 +1,283 @@
+"""Model configurations: the :class:`LmConfig` interface and the registry of config classes keyed by ``type``."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import equinox as eqx
+import jax
+import numpy as np
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis
+
+if TYPE_CHECKING:
+    from .lm import LmHeadModel
+
+__all__ = ["LmConfig", "config_for_type", "lm_flops_per_token", "register_config", "registered_types"]
+
+C = TypeVar("C", bound="type[LmConfig]")
+
+_REGISTRY: dict[str, type[LmConfig]] = {}
+
+
+def register_config(type_name: str) -> Callable[[C], C]:
+    """Class decorator registering an :class:`LmConfig` subclass under ``type_name`` (the ``type:`` key of a config).
+
+    Args:
+        type_name: the registry key, e.g. ``"gpt2"``; also the Hugging Face ``model_type``.
+
+    Returns:
+        The decorator (it returns the class unchanged, with ``model_type`` set).
+
+    Raises:
+        ValueError: if another class is already registered under ``type_name``.
+
+    Example:
+        >>> from ponente.models import config_for_type
+        >>> config_for_type("gpt2").__name__
+        'Gpt2Config'
+    """
+
+    def register(cls: C) -> C:
+        existing = _REGISTRY.get(type_name)
+        if existing is not None and existing is not cls:
+            raise ValueError(
+                f"register_config: type {type_name!r} is already registered to {existing.__qualname__}, "
+                f"cannot register {cls.__qualname__}"
+            )
+        cls.model_type = type_name
+        _REGISTRY[type_name] = cls
+        return cls
+
+    return register
+
+
+def config_for_type(type_name: str) -> type[LmConfig]:
+    """The config class registered under ``type_name``.
+
+    Args:
+        type_name: the registry key (e.g. ``"llama"``).
+
+    Returns:
+        The config class.
+
+    Raises:
+        KeyError: if nothing is registered under ``type_name`` (the message lists the known types).
+    """
+    try:
+        return _REGISTRY[type_name]
+    except KeyError:
+        raise KeyError(
+            f"no model config registered for type {type_name!r}; known types: {registered_types()}"
+        ) from None
+
+
+def registered_types() -> list[str]:
+    """The sorted list of registered config types."""
+    return sorted(_REGISTRY)
+
+
+def lm_flops_per_token(
+    *,
+    hidden_dim: int,
+    intermediate_dim: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    seq_len: int,
+    vocab_size: int,
+    glu: bool,
+) -> float:
+    """Forward-pass FLOPs per token of a decoder-only transformer (matrix products only, 2 FLOPs per multiply-add).
+
+    Counts the Q/K/V/O projections, the attention scores and weighted sum over the full ``seq_len``
+    (no causal saving, as the reference kernel computes them), the MLP (3 matrices if ``glu``, else 2)
+    and the output projection to the vocabulary. Multiply by 3 for forward + backward.
+
+    Args:
+        hidden_dim: the model width.
+        intermediate_dim: the MLP width.
+        num_layers: the number of blocks.
+        num_heads: query heads.
+        num_kv_heads: key/value heads.
+        head_size: the size of one head.
+        seq_len: the sequence length.
+        vocab_size: the vocabulary size.
+        glu: whether the MLP is gated (gate, up, down).
+
+    Returns:
+        FLOPs per token.
+    """
+    q_out = num_heads * head_size
+    kv_out = num_kv_heads * head_size
+    proj = 2 * hidden_dim * (q_out + 2 * kv_out) + 2 * q_out * hidden_dim
+    attn = 2 * 2 * seq_len * q_out
+    mlp = 2 * hidden_dim * intermediate_dim * (3 if glu else 2)
+    return float(num_layers * (proj + attn + mlp) + 2 * hidden_dim * vocab_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class LmConfig(abc.ABC):
+    """Base of the language-model configs: sizes, axes, a ``build`` method and Hugging Face conversion.
+
+    Subclasses are frozen dataclasses registered with :func:`register_config`.
+
+    Attributes:
+        seq_len: the (maximum) sequence length.
+        hidden_dim: the model width.
+        intermediate_dim: the MLP width.
+        num_layers: the number of blocks.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (``num_heads`` for multi-head attention, 1 for MQA).
+        head_dim: the size of one head (None: ``hidden_dim // num_heads``).
+        gradient_checkpointing: the ``Stacked`` checkpointing policy (see ``hax.nn.ScanCheckpointPolicy``).
+    """
+
+    model_type: ClassVar[str] = ""
+
+    seq_len: int = 1024
+    hidden_dim: int = 768
+    intermediate_dim: int = 3072
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int = 12
+    head_dim: int | None = None
+    gradient_checkpointing: bool | str = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"{type(self).__name__}: num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim is None and self.hidden_dim % self.num_heads != 0:
+            raise ValueError(
+                f"{type(self).__name__}: hidden_dim ({self.hidden_dim}) is not divisible by num_heads "
+                f"({self.num_heads}); set head_dim explicitly"
+            )
+
+    # axes ------------------------------------------------------------------------------------------
+    @property
+    def Pos(self) -> Axis:
+        """The query position axis ``position``."""
+        return Axis("position", self.seq_len)
+
+    @property
+    def KeyPos(self) -> Axis:
+        """The key/value position axis ``key_position``."""
+        return Axis("key_position", self.seq_len)
+
+    @property
+    def Embed(self) -> Axis:
+        """The model-width axis ``embed``."""
+        return Axis("embed", self.hidden_dim)
+
+    @property
+    def Heads(self) -> Axis:
+        """The query-heads axis ``heads``."""
+        return Axis("heads", self.num_heads)
+
+    @property
+    def KVHeads(self) -> Axis:
+        """The key/value-heads axis ``kv_heads``."""
+        return Axis("kv_heads", self.num_kv_heads)
+
+    @property
+    def QHeadsPerGroup(self) -> Axis:
+        """The query heads sharing one key/value head, axis ``q_heads_per_group``."""
+        return Axis("q_heads_per_group", self.num_heads // self.num_kv_heads)
+
+    @property
+    def HeadSize(self) -> Axis:
+        """The per-head axis ``head_size``."""
+        return Axis("head_size", self.head_dim if self.head_dim is not None else self.hidden_dim // self.num_heads)
+
+    @property
+    def Mlp(self) -> Axis:
+        """The MLP-width axis ``mlp``."""
+        return Axis("mlp", self.intermediate_dim)
+
+    @property
+    def Layers(self) -> Axis:
+        """The stacked-layers axis ``layers``."""
+        return Axis("layers", self.num_layers)
+
+    # interface -------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def build(self, Vocab: Axis, *, key: jax.Array) -> LmHeadModel:
+        """Build a randomly initialized model.
+
+        Args:
+            Vocab: the vocabulary axis (``Axis("vocab", n)``).
+            key: the PRNG key.
+
+        Returns:
+            The model.
+        """
+
+    @abc.abstractmethod
+    def flops_per_token(self, vocab_size: int) -> float:
+        """Forward-pass FLOPs per token (matrix products incl. attention), used for MFU.
+
+        Args:
+            vocab_size: the vocabulary size.
+
+        Returns:
+            FLOPs per token.
+        """
+
+    @abc.abstractmethod
+    def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
+        """The Hugging Face ``config.json`` contents (transformers-5 spelling) for this config.
+
+        Args:
+            vocab_size: the vocabulary size to record.
+
+        Returns:
+            A JSON-serializable dict.
+        """
+
+    @classmethod
+    @abc.abstractmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> LmConfig:
+        """Build a config from a Hugging Face ``config.json`` dict (transformers-4 or -5 spelling).
+
+        Args:
+            hf_config: the parsed ``config.json``.
+
+        Returns:
+            The config.
+
+        Raises:
+            KeyError: if a required key is missing.
+        """
+
+    def param_count(self, vocab_size: int) -> int:
+        """The number of parameters of the model this config builds (counted without allocating it).
+
+        Args:
+            vocab_size: the vocabulary size.
+
+        Returns:
+            The total number of array elements in the model's parameters.
+        """
+        shapes = eqx.filter_eval_shape(lambda k: self.build(Axis("vocab", vocab_size), key=k), jax.random.key(0))
+        leaves = jax.tree_util.tree_leaves(shapes, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+        total = 0
+        for leaf in leaves:
+            array = leaf.array if isinstance(leaf, hax.NamedArray) else leaf
+            if hasattr(array, "shape"):
+                total += int(np.prod(array.shape))
+        return total
+
+
+def _require(hf_config: Mapping[str, Any], key: str, where: str) -> Any:
+    """``hf_config[key]`` or a KeyError naming the key and the config type."""
+    if key not in hf_config:
+        raise KeyError(f"{where}: the Hugging Face config has no {key!r} key (keys: {sorted(hf_config)})")
+    return hf_config[key]

@@ -1,0 +1,99 @@
+"""Config registry, axes, parameter count (vs transformers) and FLOPs per token (vs a jaxpr count)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.models import Gpt2Config, LlamaConfig, LmConfig, config_for_type, register_config, registered_types
+
+
+def test_registry() -> None:
+    assert config_for_type("gpt2") is Gpt2Config
+    assert config_for_type("llama") is LlamaConfig
+    assert {"gpt2", "llama"} <= set(registered_types())
+    with pytest.raises(KeyError, match=r"mamba.*known types"):
+        config_for_type("mamba")
+    with pytest.raises(ValueError, match="already registered"):
+        register_config("gpt2")(dataclasses.make_dataclass("Other", [], bases=(Gpt2Config,), frozen=True))
+
+
+def test_axes_and_validation() -> None:
+    cfg = LlamaConfig(seq_len=8, hidden_dim=32, intermediate_dim=64, num_layers=3, num_heads=4, num_kv_heads=2)
+    assert (cfg.Pos, cfg.KeyPos) == (hax.Axis("position", 8), hax.Axis("key_position", 8))
+    assert (cfg.Embed.size, cfg.Heads.size, cfg.KVHeads.size, cfg.HeadSize.size) == (32, 4, 2, 8)
+    assert (cfg.Mlp.size, cfg.Layers.size, cfg.QHeadsPerGroup.size) == (64, 3, 2)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        LlamaConfig(num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        Gpt2Config(num_heads=4, num_kv_heads=2)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        Gpt2Config(seq_len=16, hidden_dim=32, intermediate_dim=128, num_layers=2, num_heads=4, num_kv_heads=4),
+        LlamaConfig(seq_len=16, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2),
+        LlamaConfig(
+            seq_len=16,
+            hidden_dim=32,
+            intermediate_dim=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=1,
+            head_dim=16,
+            tie_word_embeddings=True,
+        ),
+    ],
+)
+def test_param_count_and_hf_config_round_trip(cfg: LmConfig, tiny_gpt2: Any, tiny_llama: Any) -> None:
+    import transformers
+
+    hf_dict = cfg.to_hf_config(97)
+    assert type(cfg).from_hf_config(hf_dict) == cfg
+    hf_cls = transformers.GPT2Config if isinstance(cfg, Gpt2Config) else transformers.LlamaConfig
+    keys = {k: v for k, v in hf_dict.items() if k not in ("architectures", "model_type")}
+    hf_model = transformers.AutoModelForCausalLM.from_config(hf_cls(**keys))
+    unique = {id(p): p.numel() for p in hf_model.parameters()}  # tied weights counted once
+    assert cfg.param_count(97) == sum(unique.values())
+
+
+def _dot_flops(jaxpr: Any) -> float:
+    """2 * (output elements) * (contracted elements) over every dot_general, recursing into scans (times length)."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape
+            total += 2.0 * np.prod(out) * np.prod([lhs[d] for d in lhs_contract])
+        if eqn.primitive.name == "scan":
+            total += eqn.params["length"] * _dot_flops(eqn.params["jaxpr"].jaxpr)
+        elif "jaxpr" in eqn.params:
+            inner = eqn.params["jaxpr"]
+            total += _dot_flops(getattr(inner, "jaxpr", inner))
+        elif "call_jaxpr" in eqn.params:
+            inner = eqn.params["call_jaxpr"]
+            total += _dot_flops(getattr(inner, "jaxpr", inner))
+    return total
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        Gpt2Config(seq_len=16, hidden_dim=32, intermediate_dim=128, num_layers=3, num_heads=4, num_kv_heads=4),
+        LlamaConfig(seq_len=16, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2),
+    ],
+)
+def test_flops_per_token_matches_counted_matmuls(cfg: LmConfig) -> None:
+    Vocab = hax.Axis("vocab", 97)
+    model = cfg.build(Vocab, key=jax.random.key(0))
+    ids = hax.zeros(cfg.Pos, dtype=int)
+    jaxpr = jax.make_jaxpr(lambda m: m(ids).array)(model)
+    counted = _dot_flops(jaxpr.jaxpr) / cfg.seq_len
+    assert cfg.flops_per_token(97) == pytest.approx(counted, rel=1e-9)
