@@ -140,3 +140,41 @@ def test_random_under_jit_and_vmap_keys():
     keys = jax.random.split(KEY, 2)
     batched = jax.vmap(lambda k: hax.random.uniform(k, (E,)).array)(keys)
     np.testing.assert_array_equal(batched, jax.vmap(lambda k: jax.random.uniform(k, (4,)))(keys))
+
+
+def test_multivariate_normal_orthogonal_multinomial_bitwise():
+    B, D = hax.Axis("batch", 3), hax.Axis("dim", 2)
+    D2 = hax.Axis("dim2", 2)
+    mean = hax.named(jnp.array([1.0, -1.0]), (D,))
+    cov_np = np.array([[2.0, 0.3], [0.3, 1.0]], dtype=np.float32)
+    cov = hax.named(jnp.asarray(cov_np), (D, D2))
+    ours = hax.random.multivariate_normal(KEY, B, mean, cov, "dim", "dim2")
+    assert ours.axes == (B, D)
+    expected = jax.random.multivariate_normal(KEY, mean.array, jnp.asarray(cov_np), (3,))
+    np.testing.assert_array_equal(ours.array, expected)
+    # the same covariance stored with its axes in the other order is the same named matrix: same draw
+    swapped = hax.named(jnp.asarray(cov_np.T), (D2, D))
+    np.testing.assert_array_equal(hax.random.multivariate_normal(KEY, B, mean, swapped, "dim", "dim2").array, expected)
+
+    Q = hax.random.orthogonal(KEY, B, D, D2)
+    assert Q.axes == (B, D, D2)
+    np.testing.assert_array_equal(Q.array, jax.random.orthogonal(KEY, 2, (3,)))
+    np.testing.assert_allclose(
+        np.einsum("bij,bkj->bik", Q.array, Q.array), np.broadcast_to(np.eye(2), (3, 2, 2)), atol=1e-5
+    )
+
+    C = hax.Axis("cat", 4)
+    p = hax.named(jnp.array([0.1, 0.2, 0.3, 0.4]), (C,))
+    counts = hax.random.multinomial(KEY, 10, p, "cat", shape=B)
+    assert counts.axes == (B, C)
+    np.testing.assert_array_equal(counts.array, jax.random.multinomial(KEY, 10, p.array, shape=(3, 4)))
+    np.testing.assert_array_equal(counts.array.sum(axis=-1), np.full(3, 10))
+
+
+def test_orthogonal_and_multivariate_normal_reject_bad_axes():
+    D, E = hax.Axis("dim", 2), hax.Axis("other", 3)
+    with pytest.raises(ValueError, match="square"):
+        hax.random.orthogonal(KEY, (), D, E)
+    mean = hax.zeros(D)
+    with pytest.raises(ValueError, match="other"):
+        hax.random.multivariate_normal(KEY, (), mean, hax.zeros((D, E)), "dim", "other")

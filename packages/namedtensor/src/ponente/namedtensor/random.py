@@ -41,7 +41,10 @@ __all__ = [
     "logistic",
     "lognormal",
     "maxwell",
+    "multinomial",
+    "multivariate_normal",
     "normal",
+    "orthogonal",
     "pareto",
     "permutation",
     "poisson",
@@ -417,3 +420,104 @@ def dirichlet(key: jax.Array, shape: Shape, alpha: NamedArray, axis: AxisSelecto
     axes = _axes(shape)
     raw = _broadcast(alpha, (*axes, event), "dirichlet")
     return NamedArray(jax.random.dirichlet(key, raw, _positional(axes), dtype), (*axes, event))
+
+
+def multivariate_normal(
+    key: jax.Array,
+    shape: Shape,
+    mean: NamedArray,
+    cov: NamedArray,
+    axis: AxisSelector,
+    cov_axis: AxisSelector,
+    method: str = "cholesky",
+    dtype: Any = None,
+) -> NamedArray:
+    """Multivariate normal samples; as :func:`jax.random.multivariate_normal`.
+
+    A covariance matrix needs two axes of the same size: ``axis`` (the event axis, shared with
+    ``mean``) for its rows and ``cov_axis`` for its columns.
+
+    Args:
+        key: a PRNG key.
+        shape: the batch axes of the result (``mean``'s and ``cov``'s other axes must be among them).
+        mean: the means, with ``axis``.
+        cov: the covariances, with ``axis`` and ``cov_axis``.
+        axis: the event axis (last in the result).
+        cov_axis: the second axis of ``cov``.
+        method: ``"cholesky"``, ``"eigh"`` or ``"svd"``.
+        dtype: a float dtype.
+
+    Returns:
+        A NamedArray with axes ``shape + (axis,)``.
+
+    Raises:
+        ValueError: if ``cov_axis`` does not have the size of ``axis``.
+    """
+    event = mean.axes[_index(mean, axis, "multivariate_normal")]
+    column = cov.axes[_index(cov, cov_axis, "multivariate_normal")]
+    _index(cov, event.name, "multivariate_normal")
+    if column.size != event.size:
+        raise ValueError(f"random.multivariate_normal: cov axis {column} must have the size of the event axis {event}")
+    axes = _axes(shape)
+    raw_mean = _broadcast(mean, (*axes, event), "multivariate_normal")
+    raw_cov = _broadcast(
+        cov.rename({column.name: "__cov_column__"}),
+        (*axes, event, column.alias("__cov_column__")),
+        "multivariate_normal",
+    )
+    raw = jax.random.multivariate_normal(key, raw_mean, raw_cov, _positional(axes), dtype, method)
+    return NamedArray(raw, (*axes, event))
+
+
+def orthogonal(key: jax.Array, shape: Shape, Rows: Axis, Cols: Axis, dtype: Any = None) -> NamedArray:
+    """Random orthogonal matrices (Haar measure); as :func:`jax.random.orthogonal`.
+
+    Args:
+        key: a PRNG key.
+        shape: the batch axes.
+        Rows: the row axis of each matrix.
+        Cols: the column axis; must have the size of ``Rows``.
+        dtype: a float dtype.
+
+    Returns:
+        A NamedArray with axes ``shape + (Rows, Cols)``.
+
+    Raises:
+        ValueError: if ``Rows`` and ``Cols`` differ in size.
+    """
+    if Rows.size != Cols.size:
+        raise ValueError(f"random.orthogonal: matrices are square; got {Rows} and {Cols}")
+    axes = _axes(shape)
+    raw = jax.random.orthogonal(key, Rows.size, _positional(axes), dtype)
+    return NamedArray(raw, (*axes, Rows, Cols))
+
+
+def multinomial(
+    key: jax.Array,
+    n: Param,
+    p: NamedArray,
+    axis: AxisSelector,
+    shape: Shape | None = None,
+    dtype: Any = None,
+) -> NamedArray:
+    """Counts per category of ``n`` draws with probabilities ``p``; as :func:`jax.random.multinomial`.
+
+    Args:
+        key: a PRNG key.
+        n: the number of draws (a scalar or a NamedArray over batch axes).
+        p: the probabilities, with the category ``axis``.
+        axis: the category axis (last in the result).
+        shape: the batch axes (default: the other axes of ``p``).
+        dtype: the dtype of the counts.
+
+    Returns:
+        A NamedArray with axes ``shape + (axis,)``.
+    """
+    event = p.axes[_index(p, axis, "multinomial")]
+    batch = tuple(ax for ax in p.axes if ax.name != event.name)
+    axes = batch if shape is None else _axes(shape)
+    raw_p = _broadcast(p, (*axes, event), "multinomial")
+    raw_n = _broadcast(n, axes, "multinomial")
+    extra = {} if dtype is None else {"dtype": dtype}
+    raw = jax.random.multinomial(key, raw_n, raw_p, shape=(*_positional(axes), event.size), **extra)
+    return NamedArray(raw, (*axes, event))
