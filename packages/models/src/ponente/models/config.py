@@ -139,6 +139,8 @@ class LmConfig(abc.ABC):
     """
 
     model_type: ClassVar[str] = ""
+    glu_mlp: ClassVar[bool] = True
+    """Whether the MLP is gated (three matrices, e.g. SwiGLU) rather than two; used to count FLOPs."""
 
     seq_len: int = 1024
     hidden_dim: int = 768
@@ -220,9 +222,11 @@ class LmConfig(abc.ABC):
             The model.
         """
 
-    @abc.abstractmethod
     def flops_per_token(self, vocab_size: int) -> float:
         """Forward-pass FLOPs per token (matrix products incl. attention), used for MFU.
+
+        Architectures whose forward pass is the standard decoder (attention + MLP per layer, then the
+        output projection) share this count; others override it.
 
         Args:
             vocab_size: the vocabulary size.
@@ -230,6 +234,17 @@ class LmConfig(abc.ABC):
         Returns:
             FLOPs per token.
         """
+        return lm_flops_per_token(
+            hidden_dim=self.hidden_dim,
+            intermediate_dim=self.intermediate_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.HeadSize.size,
+            seq_len=self.seq_len,
+            vocab_size=vocab_size,
+            glu=self.glu_mlp,
+        )
 
     @abc.abstractmethod
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, Stacked
 
 from .attention import AttentionMask, dot_product_attention
-from .config import LmConfig, _require, lm_flops_per_token, register_config
+from .config import LmConfig, _require, register_config
 from .lm import LmHeadModel
 
 __all__ = ["Gpt2Config", "Gpt2LMHeadModel"]
@@ -38,6 +38,8 @@ class Gpt2Config(LmConfig):
         {'position': 8, 'vocab': 11}
     """
 
+    glu_mlp: ClassVar[bool] = False  # GPT-2's MLP is two matrices with a GELU between them
+
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
 
@@ -52,20 +54,6 @@ class Gpt2Config(LmConfig):
     def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
         """Build a randomly initialized GPT-2 (see :meth:`LmConfig.build`)."""
         return Gpt2LMHeadModel.init(self, Vocab, key=key)
-
-    def flops_per_token(self, vocab_size: int) -> float:
-        """Forward FLOPs per token (see :func:`ponente.models.lm_flops_per_token`)."""
-        return lm_flops_per_token(
-            hidden_dim=self.hidden_dim,
-            intermediate_dim=self.intermediate_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.HeadSize.size,
-            seq_len=self.seq_len,
-            vocab_size=vocab_size,
-            glu=False,
-        )
 
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``GPT2Config`` dict (see :meth:`LmConfig.to_hf_config`)."""

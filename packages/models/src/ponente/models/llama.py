@@ -14,7 +14,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, Linear, RmsNorm, Stacked
 
 from .attention import Attention, AttentionMask
-from .config import LmConfig, _require, lm_flops_per_token, register_config
+from .config import LmConfig, _require, register_config
 from .lm import LmHeadModel
 from .rotary import RotaryConfig
 
@@ -48,20 +48,6 @@ class LlamaConfig(LmConfig):
     def build(self, Vocab: Axis, *, key: jax.Array) -> LlamaLMHeadModel:
         """Build a randomly initialized Llama (see :meth:`LmConfig.build`)."""
         return LlamaLMHeadModel.init(self, Vocab, key=key)
-
-    def flops_per_token(self, vocab_size: int) -> float:
-        """Forward FLOPs per token (see :func:`ponente.models.lm_flops_per_token`)."""
-        return lm_flops_per_token(
-            hidden_dim=self.hidden_dim,
-            intermediate_dim=self.intermediate_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.HeadSize.size,
-            seq_len=self.seq_len,
-            vocab_size=vocab_size,
-            glu=True,
-        )
 
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``LlamaConfig`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`)."""
