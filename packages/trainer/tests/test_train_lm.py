@@ -29,7 +29,7 @@ def test_main_prints_packages_and_devices(capsys):
     assert "JAX backend: cpu" in out
 
 
-def test_console_script_and_module_agree():
+def test_runs_as_a_module():
     via_module = subprocess.run(
         [sys.executable, "-m", "ponente.trainer.main.train_lm"], check=True, capture_output=True, text=True
     ).stdout

@@ -97,6 +97,11 @@ class _ConvBase(eqx.Module):
         x = x.reshape((math.prod(ax.size for ax in batch), *x.shape[len(batch) :]))
         return x, batch
 
+    def _positional_weight(self) -> jax.Array:
+        """The kernel with its spatial axes moved after its two channel axes, as ``lax`` convolutions take it."""
+        n = len(self.Spatial)
+        return jnp.moveaxis(self.weight.array, [self.weight._index_of(s) for s in self.Spatial], range(2, 2 + n))
+
     def _from_positional(self, y: jax.Array, batch: tuple[Axis, ...]) -> NamedArray:
         y = y.reshape((*(ax.size for ax in batch), *y.shape[1:]))
         spatial = tuple(Axis(n, s) for n, s in zip(self.Spatial, y.shape[len(batch) + 1 :], strict=True))
@@ -189,9 +194,7 @@ class Conv(_ConvBase):
         """
         del key
         x, batch = self._to_positional(inputs)
-        w = jnp.moveaxis(
-            self.weight.array, [self.weight._index_of(n) for n in self.Spatial], range(2, 2 + len(self.Spatial))
-        )
+        w = self._positional_weight()
         y = jax.lax.conv_general_dilated(
             x,
             w.astype(x.dtype),
@@ -292,8 +295,7 @@ class ConvTranspose(_ConvBase):
         del key
         x, batch = self._to_positional(inputs)
         n = len(self.Spatial)
-        w = jnp.moveaxis(self.weight.array, [self.weight._index_of(s) for s in self.Spatial], range(2, 2 + n))
-        w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
+        w = jnp.flip(self._positional_weight(), axis=tuple(range(2, 2 + n)))
         pads = tuple(
             (d * (k - 1) - lo, d * (k - 1) - hi + o)
             for k, (lo, hi), o, d in zip(
