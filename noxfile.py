@@ -35,8 +35,6 @@ TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "models": ("test", "torch"),
     "trainer": ("test",),
 }
-# Markers with sessions of their own; the per-package `tests` sessions deselect them.
-SPECIAL_MARKERS = ("multidevice", "integration")
 PYTEST_NO_TESTS_COLLECTED = 5
 
 
@@ -80,7 +78,8 @@ def tests(session: nox.Session, package: str) -> None:
         args += _requirement(sibling)
     session.install(*args, *_requirement(package, TEST_EXTRAS[package]))
     with session.chdir(ROOT / "packages" / package):
-        session.run("pytest", "-m", " and ".join(f"not {m}" for m in SPECIAL_MARKERS), *session.posargs)
+        # Each package's pytest configuration deselects `multidevice` and `integration` tests by default.
+        session.run("pytest", *session.posargs)
 
 
 @nox.session

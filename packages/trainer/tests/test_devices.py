@@ -9,8 +9,8 @@ pytestmark = pytest.mark.multidevice
 
 
 def test_eight_simulated_devices_shard_a_batch():
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (nox -s multidevice)"
     devices = np.array(jax.devices()).reshape(4, 2)
-    assert devices.size == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (nox -s multidevice)"
     mesh = Mesh(devices, ("data", "model"))
     x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("data", "model")))
