@@ -1,0 +1,10 @@
+"""Packaged hello-world data: the works of Shakespeare and a byte-level BPE tokenizer trained on them.
+
+Files (address them in configs as ``package://ponente.trainer.assets/<file>``):
+
+- ``shakespeare_train.jsonl.gz``: 39 works, one ``{"text", "title"}`` JSON object per line;
+- ``shakespeare_validation.jsonl.gz``: 3 held-out works (The Comedy of Errors, A Lover's Complaint, Macbeth);
+- ``shakespeare_tokenizer.json``: byte-level BPE, 4096 entries, ``<|endoftext|>`` is id 0.
+
+See ``README.md`` next to this file for provenance, licence and how to rebuild them.
+"""

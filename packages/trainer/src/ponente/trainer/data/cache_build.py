@@ -1,0 +1,192 @@
+"""Building datacache caches on demand, in a background thread, and ``package://`` URLs.
+
+A training run should not wait for a whole corpus to be tokenized: `build_in_background` starts
+``ponente.datacache.build_cache`` in a daemon thread and returns the cache as soon as its first rows are
+committed. The returned `ponente.datacache.CacheDataset` keeps growing while the build runs; if the build
+fails, the next read that asks the cache for its length or state (``len``, ``is_finished``, waiting for
+rows) raises the build's exception instead of waiting forever.
+
+One process never runs two builds of the same cache location: a second request while a build is running
+returns another reader of the same build.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ponente.datacache import CacheDataset, CacheNotFoundError, Ledger, build_cache
+
+__all__ = ["PACKAGE_SCHEME", "CacheBuildError", "build_in_background", "open_or_build", "resolve_url"]
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_SCHEME = "package://"
+"""URL prefix of files shipped inside an installed Python package: ``package://<module>/<file>``."""
+
+_POLL_SECONDS = 0.05
+
+
+class CacheBuildError(RuntimeError):
+    """A background cache build failed; raised by reads of its cache. The build's exception is the cause."""
+
+
+def resolve_url(url: str) -> str:
+    """Turn ``package://<module>/<path>`` into the local path of that packaged file; return other URLs unchanged.
+
+    Args:
+        url: A path, fsspec URL or ``package://`` URL, e.g.
+            ``package://ponente.trainer.assets/shakespeare_train.jsonl.gz``.
+
+    Returns:
+        A local file path for ``package://`` URLs, else ``url`` itself.
+
+    Raises:
+        ValueError: If the URL has no module or file part.
+        ModuleNotFoundError: If the module is not importable.
+        FileNotFoundError: If the module has no such file (the message lists the files it has).
+
+    Example:
+        ```python
+        from ponente.trainer.data import resolve_url
+
+        path = resolve_url("package://ponente.trainer.assets/shakespeare_tokenizer.json")
+        assert path.endswith("shakespeare_tokenizer.json")
+        ```
+    """
+    if not url.startswith(PACKAGE_SCHEME):
+        return url
+    module, _, name = url[len(PACKAGE_SCHEME) :].partition("/")
+    if not module or not name:
+        raise ValueError(f"malformed URL {url!r}: expected {PACKAGE_SCHEME}<module>/<file>")
+    root = importlib.resources.files(module)
+    target = root.joinpath(*name.split("/"))
+    if any(ch in name for ch in "*?[{"):
+        return str(Path(str(root), name))  # a glob: datacache expands it
+    if not target.is_file():
+        available = sorted(p.name for p in root.iterdir() if p.is_file() and not p.name.endswith((".py", ".pyc")))
+        raise FileNotFoundError(f"{url!r}: module {module!r} has no file {name!r}; it has {available}")
+    path = Path(str(target))
+    if not path.is_file():
+        raise FileNotFoundError(f"{url!r}: the package is not installed as plain files (e.g. zipped); cannot read it")
+    return str(path)
+
+
+class _Build:
+    """One background build: its thread and, once it ended, its outcome."""
+
+    def __init__(self, location: str, run: Callable[[], CacheDataset]) -> None:
+        self.location = location
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._run = run
+        self.thread = threading.Thread(target=self._main, name=f"build-cache:{location}", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced to readers through check()
+            logger.error("building the cache at %s failed: %s", self.location, exc)
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def check(self) -> None:
+        """Raise `CacheBuildError` from the build's exception if it failed."""
+        if self.error is not None:
+            raise CacheBuildError(f"building the cache at {self.location!r} failed: {self.error}") from self.error
+
+
+class _GrowingCache(CacheDataset):
+    """A `CacheDataset` whose every ledger refresh first checks its background build for a failure."""
+
+    def __init__(self, location: str, build: _Build, **kwargs: Any) -> None:
+        self._build = build
+        super().__init__(location, **kwargs)
+
+    def refresh(self) -> Ledger:
+        """Re-read the ledger; raise `CacheBuildError` if the build failed (before it finished the cache)."""
+        ledger = super().refresh()
+        if not ledger.finished:
+            self._build.check()
+        return ledger
+
+    def wait_until(self, *, rows: int | None = None, timeout: float | None = None) -> bool:
+        """Like `CacheDataset.wait_until`, but raises `CacheBuildError` as soon as the build fails."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ledger = self.refresh()
+            if ledger.finished or (rows is not None and ledger.rows >= rows):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if self._build.done.wait(_POLL_SECONDS):
+                self._build.check()
+
+    def wait_for_length(self, length: int | None = None, *, timeout: float | None = None) -> bool:
+        """Rows are the examples: see `wait_until`."""
+        return self.wait_until(rows=length, timeout=timeout)
+
+
+_BUILDS: dict[str, _Build] = {}
+_BUILDS_LOCK = threading.Lock()
+
+
+def build_in_background(location: str, *, timeout: float | None = None, **build_kwargs: Any) -> CacheDataset:
+    """Start ``build_cache(output=location, **build_kwargs)`` in a thread; return the cache once rows commit.
+
+    If a background build of ``location`` is already running in this process, no second one starts. A
+    finished cache is verified (its fingerprint must match the request) and opened.
+
+    Args:
+        location: The cache location (``output`` of ``build_cache``).
+        timeout: The most seconds to wait for the first committed row; ``None`` waits as long as it takes.
+        **build_kwargs: Everything else ``ponente.datacache.build_cache`` takes (``inputs``, ``tokenizer``...).
+
+    Returns:
+        The cache, with at least one committed row or finished. It grows while the build runs; a read of
+        its length or state after the build failed raises `CacheBuildError`.
+
+    Raises:
+        CacheBuildError: If the build failed before its first rows committed.
+        TimeoutError: If no row committed within ``timeout`` seconds.
+    """
+    location = str(location)
+    with _BUILDS_LOCK:
+        build = _BUILDS.get(location)
+        if build is None or build.done.is_set():
+            build = _Build(location, lambda: build_cache(output=location, **build_kwargs))
+            _BUILDS[location] = build
+            build.thread.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    cache: _GrowingCache | None = None
+    while True:
+        finished = build.done.is_set()
+        build.check()
+        if cache is None:
+            try:
+                cache = _GrowingCache(location, build)
+            except CacheNotFoundError:
+                if finished:  # the build ended without error and without a cache: should not happen
+                    raise
+        if cache is not None and (len(cache) > 0 or cache.is_finished):
+            return cache
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"no rows were committed to the cache at {location!r} within {timeout} s")
+        build.done.wait(_POLL_SECONDS)
+
+
+def open_or_build(location: str, *, background: bool, **build_kwargs: Any) -> CacheDataset:
+    """Open the cache at ``location`` when it is finished and current, else build it (see `build_in_background`).
+
+    ``build_cache`` itself checks the fingerprint of an existing cache and opens a finished one at once, so
+    this only decides between the calling thread and a background thread.
+    """
+    if not background:
+        return build_cache(output=location, **build_kwargs)
+    return build_in_background(location, **build_kwargs)

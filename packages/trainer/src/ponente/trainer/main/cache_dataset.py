@@ -1,0 +1,71 @@
+"""Build the datacache caches of a data config ahead of training: ``python -m ponente.trainer.main.cache_dataset``.
+
+Takes the same ``data:`` section as ``train_lm`` (a single dataset or a mixture), e.g.::
+
+    python -m ponente.trainer.main.cache_dataset --config_path gpt2_nano
+    python -m ponente.trainer.main.cache_dataset --data.train_urls '[corpus/*.jsonl.gz]' \\
+        --data.tokenizer tokenizer.json --data.cache_dir /data/cache
+
+Each split with a source is built (or resumed, or verified and left alone when finished) in the calling
+process; the training run then opens the finished caches at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from ponente.datacache import CacheDataset
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+
+__all__ = ["CacheDatasetConfig", "cache_dataset", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheDatasetConfig:
+    """Configuration of the ``cache_dataset`` entry point.
+
+    Attributes:
+        data: The data config whose caches to build (a single dataset or a mixture).
+        progress: Show progress bars.
+    """
+
+    data: LMDatasetConfig | LMMixtureDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
+    progress: bool = True
+
+
+def cache_dataset(config: CacheDatasetConfig) -> dict[str, CacheDataset]:
+    """Build every cache of ``config.data`` in this process.
+
+    Args:
+        config: What to build.
+
+    Returns:
+        The finished caches, by split (``"train"``) or, for a mixture, by ``"<component>/<split>"``.
+
+    Raises:
+        ValueError: If the config has no training or validation source at all.
+    """
+    caches = config.data.build_all_caches(progress=config.progress)
+    if not caches:
+        raise ValueError("data: nothing to cache; set data.train_urls / data.validation_urls or data.id")
+    return caches
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, build the caches and print where they are; returns the exit code."""
+    from ponente.trainer.config import parse_config
+
+    config = parse_config(CacheDatasetConfig, list(argv) if argv is not None else None, prog="cache_dataset")
+    logging.basicConfig(level=logging.INFO)
+    for name, cache in cache_dataset(config).items():
+        ledger = cache.ledger
+        print(f"{name}: {cache.location} ({ledger.rows} documents, {ledger.lengths.get('input_ids', 0)} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
