@@ -40,7 +40,7 @@ class Registrable:
         # the registry belongs to the first class in the MRO that defines ``_choices`` in its own __dict__
         for klass in cls.__mro__:
             if "_choices" in klass.__dict__:
-                return klass.__dict__["_choices"]  # type: ignore[no-any-return]
+                return klass.__dict__["_choices"]
         cls._choices = {}
         return cls._choices
 
@@ -58,9 +58,7 @@ class Registrable:
             registry = cls._registry()
             existing = registry.get(name)
             if existing is not None and existing is not sub:
-                raise ValueError(
-                    f"{cls.__qualname__}: type {name!r} is already registered to {existing.__qualname__}"
-                )
+                raise ValueError(f"{cls.__qualname__}: type {name!r} is already registered to {existing.__qualname__}")
             registry[name] = sub
             sub.choice_name = name
             return sub

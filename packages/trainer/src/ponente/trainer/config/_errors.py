@@ -1,0 +1,13 @@
+"""The one exception type of the configuration system."""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A configuration the user wrote is invalid: an unknown key, a wrong type, a missing file or field.
+
+    The message is one line that starts with the full dotted key (or the file) at fault, e.g.
+    ``trainer.num_train_steps: expected int, got 'ten'``.
+    """
