@@ -33,7 +33,7 @@ TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "namedtensor": ("test",),
     "datacache": ("test", "ray", "hf"),
     "models": ("test", "torch"),
-    "trainer": ("test",),
+    "trainer": ("test", "wandb"),
 }
 PYTEST_NO_TESTS_COLLECTED = 5
 

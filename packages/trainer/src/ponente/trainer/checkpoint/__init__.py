@@ -1,0 +1,43 @@
+"""Checkpoints of the full training state: TensorStore zarr3 in a few files, async, atomically committed.
+
+Layout: ``<base_path>/<run_id>/step-<N>/`` holds one OCDBT key-value store (a handful of large files)
+with one zarr3 array per array leaf, keyed by the leaf's dotted tree path
+(``model.transformer.layers.stacked.mlp.up_proj.weight``), and ``metadata.json`` (step, timestamp,
+leaves with dtypes, shapes and named axes, versions, user metadata such as the resolved config),
+written last as the commit marker. Directories without it are ignored and cleaned up.
+
+- :func:`save_checkpoint` / :func:`load_checkpoint`: one checkpoint, synchronously; loading reads each
+  array straight into the requested sharding (any mesh), optionally only a sub-tree (``subpath``).
+- :class:`Checkpointer` (built by :class:`CheckpointerConfig`): background saves during training with
+  time-based temporary and step-based permanent policies.
+- :func:`latest_checkpoint_path`, :func:`discover_checkpoints`, :func:`cleanup_uncommitted`.
+"""
+
+from ._checkpointer import Checkpointer, CheckpointerConfig, CheckpointInterval
+from ._discovery import CheckpointInfo, cleanup_uncommitted, discover_checkpoints, latest_checkpoint_path
+from ._io import (
+    METADATA_FILE,
+    CheckpointError,
+    delete_checkpoint,
+    load_checkpoint,
+    read_metadata,
+    save_checkpoint,
+    sync_processes,
+)
+
+__all__ = [
+    "METADATA_FILE",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointInterval",
+    "Checkpointer",
+    "CheckpointerConfig",
+    "cleanup_uncommitted",
+    "delete_checkpoint",
+    "discover_checkpoints",
+    "latest_checkpoint_path",
+    "load_checkpoint",
+    "read_metadata",
+    "save_checkpoint",
+    "sync_processes",
+]

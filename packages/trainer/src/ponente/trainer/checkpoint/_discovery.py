@@ -1,0 +1,106 @@
+"""Finding committed checkpoints below a run directory or base path, and cleaning up incomplete ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+from . import _location as loc
+from ._io import METADATA_FILE, PathLike, delete_checkpoint, read_metadata
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint directory found below a run directory.
+
+    Attributes:
+        path: the checkpoint directory.
+        step: the step in its name (``step-<N>``).
+        committed: whether its ``metadata.json`` exists.
+        temporary: whether a :class:`Checkpointer` saved it as temporary (False if uncommitted).
+        timestamp: the commit time (ISO 8601), empty if uncommitted.
+    """
+
+    path: str
+    step: int
+    committed: bool
+    temporary: bool = False
+    timestamp: str = ""
+
+
+def discover_checkpoints(path: PathLike) -> list[CheckpointInfo]:
+    """All ``step-<N>`` directories directly below ``path`` or one level deeper (``<run_id>/step-<N>``).
+
+    Args:
+        path: a run directory or a base path holding run directories.
+
+    Returns:
+        The checkpoints, committed or not, sorted by (step, timestamp).
+    """
+    root = loc.normalize(path)
+    dirs: dict[str, bool] = {}
+    for key in loc.list_keys(root):
+        parts = key.split("/")
+        for depth in (0, 1):
+            if len(parts) > depth + 1 and _STEP_DIR.fullmatch(parts[depth]):
+                rel = "/".join(parts[: depth + 1])
+                committed = len(parts) == depth + 2 and parts[-1] == METADATA_FILE
+                dirs[rel] = dirs.get(rel, False) or committed
+                break
+    found = []
+    for rel, committed in dirs.items():
+        step = int(_STEP_DIR.fullmatch(rel.rsplit("/", 1)[-1]).group(1))  # type: ignore[union-attr]
+        ckpt = loc.join(root, rel)
+        meta = read_metadata(ckpt) if committed else None
+        if meta is None:
+            found.append(CheckpointInfo(ckpt, step, committed=False))
+        else:
+            found.append(CheckpointInfo(ckpt, step, True, bool(meta.get("temporary")), str(meta.get("timestamp", ""))))
+    return sorted(found, key=lambda c: (c.step, c.timestamp, c.path))
+
+
+def latest_checkpoint_path(path: PathLike) -> str | None:
+    """The committed checkpoint with the highest step at or below ``path``, None if there is none.
+
+    Args:
+        path: a checkpoint directory (returned as is if committed), a run directory holding
+            ``step-<N>/`` checkpoints, or a base path holding run directories (then the highest step
+            of any run wins; pass the run directory to stay within one run).
+
+    Returns:
+        The checkpoint's normalized path, or None.
+    """
+    root = loc.normalize(path)
+    if read_metadata(root) is not None:
+        return root
+    committed = [c for c in discover_checkpoints(root) if c.committed]
+    return committed[-1].path if committed else None
+
+
+def cleanup_uncommitted(run_path: PathLike) -> list[str]:
+    """Delete the incomplete (uncommitted) checkpoints older than the latest committed one.
+
+    Newer incomplete ones are left alone: another process may be writing them right now.
+
+    Args:
+        run_path: a run directory.
+
+    Returns:
+        The deleted directories.
+    """
+    found = discover_checkpoints(run_path)
+    committed = [c.step for c in found if c.committed]
+    if not committed:
+        return []
+    deleted = []
+    for c in found:
+        if not c.committed and c.step < max(committed):
+            logger.info("deleting incomplete checkpoint %s (it has no %s)", c.path, METADATA_FILE)
+            delete_checkpoint(c.path)
+            deleted.append(c.path)
+    return deleted

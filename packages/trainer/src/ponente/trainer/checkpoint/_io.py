@@ -1,0 +1,441 @@
+"""Writing and reading one checkpoint: zarr3 arrays in an OCDBT key-value store, then the commit marker.
+
+A checkpoint directory holds one OCDBT database (a manifest, a few B-tree files and a few large data
+files, not one file per parameter) containing a zarr3 array per stored leaf, keyed by the leaf's
+dotted tree path, and ``metadata.json``, written last. A directory without ``metadata.json`` is not a
+checkpoint: it is never loaded, and the next save cleans it up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+
+from ponente.trainer.versions import ponente_versions, runtime_versions
+
+from . import _location as loc
+from ._tree import Kind, array_of, axis_names, flatten, key_impl_name, kind_of, map_shardings, rewrap
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = "metadata.json"
+"""The commit marker: a checkpoint directory is valid exactly when this file exists."""
+
+FORMAT_VERSION = 1
+
+_MAX_CHUNK_BYTES = 64 << 20
+# OCDBT packs values into data files of about this size: large enough for few files, small enough that
+# several files are written in parallel.
+_DATA_FILE_BYTES = 128 << 20
+
+PathLike = str | os.PathLike[str]
+ShardingSpec = jax.sharding.Sharding | Callable[[Any], Any] | Any
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not match what the caller asked to load (missing leaf, shape, dtype, axes, kind)."""
+
+
+def sync_processes(name: str) -> None:
+    """Barrier across JAX processes, a no-op with a single process.
+
+    Multi-host saves call it after every process wrote its shards (before process 0 commits) and after
+    the commit (so no process runs ahead of a checkpoint that may not exist yet).
+    """
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+@dataclasses.dataclass
+class _Piece:
+    index: tuple[slice, ...]
+    data: Any  # a private copy: np.ndarray, or a jax.Array nothing else references
+
+
+@dataclasses.dataclass
+class _StoredArray:
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    pieces: list[_Piece]
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """A private copy of a tree's state, taken on the caller's thread, that can be written later.
+
+    Attributes:
+        step: the training step the state belongs to.
+        leaves: ``metadata.json``'s description of every leaf, in tree order.
+        arrays: the array data to store, one entry per array or key leaf.
+        treedef: the tree structure, as text (for humans reading ``metadata.json``).
+    """
+
+    step: int
+    leaves: dict[str, dict[str, Any]]
+    arrays: list[_StoredArray]
+    treedef: str
+
+
+def _chunk_shape(piece_shapes: list[tuple[int, ...]], itemsize: int) -> tuple[int, ...]:
+    """One chunk per written piece (so processes never share a chunk), split further if very large."""
+    chunk = [max(1, max(dims)) for dims in zip(*piece_shapes, strict=True)] if piece_shapes[0] else []
+    while chunk and int(np.prod(chunk)) * itemsize > _MAX_CHUNK_BYTES:
+        even = [i for i, d in enumerate(chunk) if d % 2 == 0]
+        if not even:
+            break
+        i = max(even, key=lambda j: chunk[j])
+        chunk[i] //= 2
+    return tuple(chunk)
+
+
+def _copy_pieces(x: Any) -> list[_Piece]:
+    """Private copies of the parts of ``x`` this process must write (its shards with ``replica_id == 0``)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return [_Piece(tuple(slice(None) for _ in np.shape(x)), np.array(x, copy=True))]
+    pieces = []
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        if shard.data.device.platform == "cpu":
+            # an asynchronous on-device copy is a host copy here; the caller may donate ``x`` right after
+            pieces.append(_Piece(shard.index, jnp.copy(shard.data)))
+        else:
+            pieces.append(_Piece(shard.index, shard.data))
+    return pieces
+
+
+def snapshot(tree: Any, step: int) -> Snapshot:
+    """Copy what a checkpoint of ``tree`` needs, so the caller may mutate or donate ``tree`` afterwards.
+
+    Raises:
+        ValueError: if two leaves have the same dotted path.
+    """
+    leaves, treedef = flatten(tree)
+    described: dict[str, dict[str, Any]] = {}
+    arrays: list[_StoredArray] = []
+    for name, leaf in leaves:
+        kind = kind_of(leaf)
+        entry: dict[str, Any] = {"kind": kind.value}
+        if kind is Kind.SCALAR:
+            entry.update(type=type(leaf).__name__, value=leaf)
+        elif kind is Kind.TEMPLATE:
+            entry.update(type=type(leaf).__qualname__)
+        else:
+            x = array_of(leaf)
+            if isinstance(x, jax.ShapeDtypeStruct):
+                raise ValueError(f"cannot save leaf {name!r}: it is abstract ({x}); save concrete arrays")
+            if kind is Kind.KEY:
+                entry["impl"] = key_impl_name(x)
+                x = jax.random.key_data(x)
+            dtype = np.dtype(x.dtype)
+            entry.update(dtype=dtype.name, shape=list(np.shape(x)), axes=axis_names(leaf))
+            pieces = _copy_pieces(x)
+            chunk = _chunk_shape([tuple(np.shape(p.data)) for p in pieces] or [np.shape(x)], dtype.itemsize)
+            arrays.append(_StoredArray(name, dtype, tuple(np.shape(x)), chunk, pieces))
+        described[name] = entry
+    # on accelerators, start every device-to-host transfer at once, then wait for them all
+    device_pieces = [p for a in arrays for p in a.pieces if isinstance(p.data, jax.Array)]
+    for p in device_pieces:
+        if p.data.devices().pop().platform != "cpu":
+            p.data.copy_to_host_async()
+    for p in device_pieces:
+        if p.data.devices().pop().platform != "cpu":
+            p.data = np.asarray(p.data)
+    return Snapshot(step=step, leaves=described, arrays=arrays, treedef=str(treedef))
+
+
+def _ocdbt_spec(path: str) -> dict[str, Any]:
+    return {"driver": "ocdbt", "base": loc.kvstore_spec(path), "target_data_file_size": _DATA_FILE_BYTES}
+
+
+def _array_spec(path: str, name: str) -> dict[str, Any]:
+    return {"driver": "zarr3", "kvstore": {**_ocdbt_spec(path), "path": name + "/"}}
+
+
+def write_snapshot(
+    snap: Snapshot, path: PathLike, *, metadata: Mapping[str, Any] | None = None, temporary: bool = False
+) -> str:
+    """Write a snapshot as a checkpoint at ``path`` and commit it (runs on any thread).
+
+    An existing checkpoint at ``path`` is un-committed (its marker deleted) and replaced.
+
+    Returns:
+        The normalized checkpoint path.
+    """
+    target = loc.normalize(path)
+    start = time.perf_counter()
+    if jax.process_index() == 0:
+        delete_checkpoint(target)
+    sync_processes(f"ponente-checkpoint-cleared-{snap.step}")
+    ctx = loc.context()
+    opened = []
+    for arr in snap.arrays:
+        spec = _array_spec(target, arr.name)
+        spec["metadata"] = {
+            "shape": list(arr.shape),
+            "data_type": arr.dtype.name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(arr.chunk_shape)}},
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        }
+        # every process opens (creating if absent) the same array; identical metadata makes this safe
+        opened.append(ts.open(spec, create=True, open=True, context=ctx))
+    stores = [f.result() for f in opened]
+    writes = [
+        store[piece.index].write(np.asarray(piece.data))
+        for store, arr in zip(stores, snap.arrays, strict=True)
+        for piece in arr.pieces
+    ]
+    for w in writes:
+        w.result()
+    nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in snap.arrays)
+    sync_processes(f"ponente-checkpoint-written-{snap.step}")
+    if jax.process_index() == 0:
+        now = datetime.datetime.now(datetime.UTC)
+        marker = {
+            "format_version": FORMAT_VERSION,
+            "step": snap.step,
+            "timestamp": now.isoformat(),
+            "temporary": temporary,
+            "versions": {**ponente_versions(), **runtime_versions()},
+            "metadata": dict(metadata or {}),
+            "treedef": snap.treedef,
+            "leaves": snap.leaves,
+        }
+        loc.write_bytes(target, METADATA_FILE, json.dumps(marker, indent=1).encode())
+    sync_processes(f"ponente-checkpoint-committed-{snap.step}")
+    logger.info(
+        "saved checkpoint of step %d to %s (%.1f MB in %.2f s)",
+        snap.step,
+        target,
+        nbytes / 1e6,
+        time.perf_counter() - start,
+    )
+    return target
+
+
+def save_checkpoint(tree: Any, path: PathLike, *, step: int, metadata: Mapping[str, Any] | None = None) -> str:
+    """Save ``tree`` as a committed checkpoint at ``path``, blocking until it is written.
+
+    Works on any pytree: Equinox modules with NamedArray leaves, optax states, typed PRNG keys, NumPy
+    arrays and Python scalars. Leaves of other types (functions, arbitrary objects) are not stored;
+    :func:`load_checkpoint` takes them from its template. ``metadata.json`` is written last: until it
+    exists the directory is not a checkpoint. An existing checkpoint at ``path`` is replaced.
+
+    Args:
+        tree: the state to save.
+        path: the checkpoint directory (local path, ``memory://...``, ``gs://...``, ``s3://...``).
+        step: the training step, recorded in the commit marker.
+        metadata: JSON-serializable extras (resolved config, ...), recorded under ``"metadata"``.
+
+    Returns:
+        The normalized checkpoint path.
+
+    Raises:
+        ValueError: if two leaves have the same dotted path, or the location's scheme is unsupported.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> path = save_checkpoint({"w": jnp.ones(3), "step": 7}, tempfile.mkdtemp() + "/step-7", step=7)
+        >>> load_checkpoint({"w": jnp.zeros(3), "step": 0}, path)["step"]
+        7
+    """
+    return write_snapshot(snapshot(tree, step), path, metadata=metadata)
+
+
+def delete_checkpoint(path: PathLike) -> None:
+    """Delete a checkpoint directory: its commit marker first, so a crash midway never leaves a broken one."""
+    target = loc.normalize(path)
+    loc.delete_key(target, METADATA_FILE)
+    loc.delete_tree(target)
+
+
+def read_metadata(path: PathLike) -> dict[str, Any] | None:
+    """The parsed ``metadata.json`` of the checkpoint at ``path``, or None if it is not committed."""
+    raw = loc.read_bytes(loc.normalize(path), METADATA_FILE)
+    if raw is None:
+        return None
+    parsed: dict[str, Any] = json.loads(raw)
+    return parsed
+
+
+def _index_key(index: Any) -> tuple[tuple[int | None, int | None, int | None], ...]:
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
+def _default_sharding(x: Any) -> jax.sharding.Sharding:
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.Sharding):
+        return sharding
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def _similar(name: str, available: list[str]) -> str:
+    last = name.rsplit(".", 1)[-1]
+    close = [a for a in available if a.rsplit(".", 1)[-1] == last][:5]
+    return f"; entries with the same last component: {close}" if close else f"; it holds {len(available)} entries"
+
+
+def _check_entry(name: str, entry: dict[str, Any], leaf: Any, kind: Kind, where: str) -> None:
+    if entry["kind"] != kind.value:
+        raise CheckpointError(
+            f"leaf {name!r} of checkpoint {where}: the template has a {kind.value} leaf, the checkpoint stores a "
+            f"{entry['kind']} leaf"
+        )
+    if kind is Kind.SCALAR:
+        if entry["type"] != type(leaf).__name__:
+            raise CheckpointError(
+                f"leaf {name!r} of checkpoint {where}: expected a Python {type(leaf).__name__}, found {entry['type']}"
+            )
+        return
+    x = array_of(leaf)
+    # a key array's data has the key shape plus trailing implementation dimensions
+    found = entry["shape"][: len(x.shape)] if kind is Kind.KEY else entry["shape"]
+    if list(x.shape) != found:
+        raise CheckpointError(
+            f"shape mismatch for leaf {name!r} of checkpoint {where}: expected {tuple(x.shape)} (from the template), "
+            f"found {tuple(entry['shape'])}"
+        )
+    if kind is Kind.ARRAY and np.dtype(x.dtype).name != entry["dtype"]:
+        raise CheckpointError(
+            f"dtype mismatch for leaf {name!r} of checkpoint {where}: expected {np.dtype(x.dtype).name} (from the "
+            f"template), found {entry['dtype']}"
+        )
+    names = axis_names(leaf)
+    if names is not None and entry["axes"] is not None and names != entry["axes"]:
+        raise CheckpointError(
+            f"axis mismatch for leaf {name!r} of checkpoint {where}: expected axes {names} (from the template), "
+            f"found {entry['axes']}"
+        )
+
+
+def resolve_checkpoint(path: PathLike) -> str:
+    """``path`` if it is a committed checkpoint, else the latest committed checkpoint below it.
+
+    Raises:
+        FileNotFoundError: if there is no committed checkpoint there; the message names the directory.
+    """
+    from ._discovery import latest_checkpoint_path
+
+    target = loc.normalize(path)
+    if read_metadata(target) is not None:
+        return target
+    latest = latest_checkpoint_path(target)
+    if latest is None:
+        raise FileNotFoundError(
+            f"no committed checkpoint at {target}: neither {target}/{METADATA_FILE} nor a committed step-*/ "
+            f"directory below it exists (directories without {METADATA_FILE} are incomplete and ignored)"
+        )
+    logger.info("%s is not a checkpoint itself; loading its latest committed checkpoint %s", target, latest)
+    return latest
+
+
+def load_checkpoint(
+    tree_template: Any,
+    path: PathLike,
+    *,
+    subpath: str | None = None,
+    shardings: ShardingSpec | None = None,
+) -> Any:
+    """Load a checkpoint into the structure of ``tree_template``, each array read directly into its sharding.
+
+    Args:
+        tree_template: a tree with the structure, shapes, dtypes and named axes to load; leaves may be
+            abstract (``eqx.filter_eval_shape`` / ``jax.ShapeDtypeStruct``). NumPy leaves load as NumPy
+            arrays, others as jax arrays; leaves that are not stored (functions, ...) are kept as is.
+        path: a committed checkpoint directory, or a run directory / base path, whose latest committed
+            checkpoint is then loaded.
+        subpath: load only the sub-tree saved under this dotted path (e.g. ``"model"``); the template is
+            then that sub-tree.
+        shardings: where to place arrays: a single ``Sharding`` for all, a pytree of shardings with the
+            template's structure (NamedArray positions hold a sharding, None means the default), or a
+            function from a template leaf to a sharding (or None). The default is the template leaf's own
+            sharding if it has one, else the first device. The sharding need not match the one saved.
+
+    Returns:
+        A tree with the template's structure holding the checkpoint's values.
+
+    Raises:
+        FileNotFoundError: if ``path`` holds no committed checkpoint.
+        CheckpointError: if a template leaf is missing from the checkpoint, or its kind, shape, dtype or axes
+            differ; the message names the leaf path, what was expected and what was found.
+    """
+    where = resolve_checkpoint(path)
+    meta = read_metadata(where)
+    if meta is None:  # deleted since it was found
+        raise FileNotFoundError(f"checkpoint {where} was deleted while it was being loaded")
+    stored: dict[str, dict[str, Any]] = meta["leaves"]
+    leaves, treedef = flatten(tree_template)
+    targets = map_shardings(shardings, treedef, leaves)
+    prefix = f"{subpath}." if subpath else ""
+    ctx = loc.context()
+
+    plan: list[tuple[Any, Kind, Any, str, Any, Any]] = []  # leaf, kind, entry, full name, sharding, opening
+    for (name, leaf), sharding in zip(leaves, targets, strict=True):
+        kind = kind_of(leaf)
+        full = subpath if (name == "<root>" and subpath) else prefix + name
+        if kind is Kind.TEMPLATE:
+            plan.append((leaf, kind, None, full, None, None))
+            continue
+        entry = stored.get(full)
+        if entry is None:
+            raise CheckpointError(f"leaf {full!r} is missing from checkpoint {where}" + _similar(full, sorted(stored)))
+        _check_entry(full, entry, leaf, kind, where)
+        opening = None if kind is Kind.SCALAR else ts.open(_array_spec(where, full), open=True, context=ctx)
+        plan.append((leaf, kind, entry, full, sharding, opening))
+
+    # issue every read before waiting for any of them
+    reads: list[Any] = []
+    for leaf, kind, _entry, _full, sharding, opening in plan:
+        if opening is None:
+            reads.append(None)
+            continue
+        store = opening.result()
+        x = array_of(leaf)
+        if kind is Kind.KEY or isinstance(x, (np.ndarray, np.generic)):
+            reads.append(store.read())
+            continue
+        target = sharding if sharding is not None else _default_sharding(x)
+        by_index: dict[Any, Any] = {}
+        per_device = []
+        for device, index in target.addressable_devices_indices_map(tuple(x.shape)).items():
+            key = _index_key(index)
+            if key not in by_index:
+                by_index[key] = store[index].read()
+            per_device.append((device, key))
+        reads.append((target, by_index, per_device))
+
+    out = []
+    for (leaf, kind, entry, _full, sharding, _opening), read in zip(plan, reads, strict=True):
+        if kind is Kind.TEMPLATE:
+            out.append(leaf)
+        elif kind is Kind.SCALAR:
+            out.append(entry["value"])
+        elif kind is Kind.KEY:
+            key = jax.random.wrap_key_data(jnp.asarray(read.result()), impl=entry["impl"])
+            target = sharding if sharding is not None else getattr(array_of(leaf), "sharding", None)
+            out.append(rewrap(leaf, jax.device_put(key, target) if target is not None else key))
+        elif isinstance(array_of(leaf), (np.ndarray, np.generic)):
+            value = read.result()
+            out.append(rewrap(leaf, value if isinstance(array_of(leaf), np.ndarray) else value[()]))
+        else:
+            target, by_index, per_device = read
+            host = {key: f.result() for key, f in by_index.items()}
+            arrays = [jax.device_put(host[key], device) for device, key in per_device]
+            shape = tuple(array_of(leaf).shape)
+            out.append(rewrap(leaf, jax.make_array_from_single_device_arrays(shape, target, arrays)))
+    return jax.tree_util.tree_unflatten(treedef, out)
