@@ -1,13 +1,19 @@
-"""Attention masks and grouped-query attention vs naive NumPy loops."""
+"""Attention masks, grouped-query attention and both backends vs naive NumPy loops; the Attention layer."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import equinox as eqx
+import jax
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ponente.namedtensor as hax
-from ponente.models import AttentionMask, dot_product_attention
+from ponente.models import ATTENTION_BACKENDS, Attention, AttentionMask, RotaryConfig, dot_product_attention
+from ponente.models.attention import attention
 
 
 @settings(max_examples=30, deadline=None)
@@ -53,3 +59,39 @@ def test_grouped_query_attention_matches_numpy() -> None:
         expected[:, kv, g] = (w / w.sum(-1, keepdims=True)) @ v[:, kv]
     got = out.rearrange(("position", "kv_heads", "q_heads_per_group", "head_size")).array
     np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
+
+
+def test_attention_dispatches_to_both_backends() -> None:
+    rs = np.random.RandomState(1)
+    P, D = 7, 4
+    Pos, Hd = hax.make_axes(position=P, head_size=D)
+    q, k, v = (hax.named(rs.randn(P, D).astype(np.float32), (Pos, Hd)) for _ in range(3))
+    scores = np.asarray(q.array) @ np.asarray(k.array).T * 0.3
+    scores = np.where(np.tril(np.ones((P, P), dtype=bool)), scores, -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (w / w.sum(-1, keepdims=True)) @ np.asarray(v.array)
+    for backend in ATTENTION_BACKENDS:
+        out = attention(Pos, Hd, q, k, v, AttentionMask.causal(), scaling_factor=0.3, backend=backend, block_size=3)
+        np.testing.assert_allclose(np.asarray(out.array), expected, atol=1e-5, err_msg=backend)
+
+
+def test_unknown_backend_lists_the_choices() -> None:
+    Pos, Hd = hax.make_axes(position=2, head_size=2)
+    x = hax.ones((Pos, Hd))
+    with pytest.raises(ValueError, match=r"'splash'.*reference.*flash"):
+        attention(Pos, Hd, x, x, x, None, backend="splash")
+    with pytest.raises(ValueError, match="'splash'"):
+        Attention.init(Pos, Hd, Hd, Hd, use_bias=False, rotary=None, key=jax.random.key(0), backend="splash")
+
+
+def test_attention_layer_flash_backend_matches_reference() -> None:
+    # values only: gradients through a flash Attention layer are checked by test_lm's blockwise-loss model test
+    Embed, KVH, Grp, Hd = hax.make_axes(embed=8, kv_heads=2, q_heads_per_group=2, head_size=4)
+    x = hax.random.normal(jax.random.key(1), (hax.Axis("batch", 2), hax.Axis("position", 10), Embed))
+    common: dict[str, Any] = {"use_bias": True, "rotary": RotaryConfig(), "key": jax.random.key(0)}
+    ref = Attention.init(Embed, KVH, Grp, Hd, **common)
+    fla = Attention.init(Embed, KVH, Grp, Hd, backend="flash", block_size=4, **common)
+    assert (ref.backend, fla.backend, fla.block_size) == ("reference", "flash", 4)
+    mask = AttentionMask.causal(sliding_window=6)
+    out_ref, out_fla = (eqx.filter_jit(lambda m: m(x, mask))(m) for m in (ref, fla))
+    np.testing.assert_allclose(np.asarray(out_fla.array), np.asarray(out_ref.array), atol=2e-5, rtol=1e-5)

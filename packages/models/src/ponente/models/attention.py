@@ -10,11 +10,15 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear
 from ponente.namedtensor.nn import attention as hattn
 
+from .flash_attention import flash_attention
 from .rotary import RotaryConfig, apply_rotary
 
-__all__ = ["Attention", "AttentionMask", "dot_product_attention"]
+__all__ = ["ATTENTION_BACKENDS", "Attention", "AttentionMask", "attention", "dot_product_attention"]
 
 KEY_POSITION = "key_position"
+
+ATTENTION_BACKENDS = ("reference", "flash")
+"""The names accepted by :func:`attention`'s ``backend`` (and ``LmConfig.attn_backend``)."""
 
 
 class AttentionMask(eqx.Module):
@@ -102,6 +106,63 @@ def dot_product_attention(
     return hax.dot(weights, value, axis=KPos.name)
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention: unknown backend {backend!r}; choose one of {list(ATTENTION_BACKENDS)}")
+
+
+def attention(
+    Pos: Axis,
+    HeadSize: Axis,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    *,
+    scaling_factor: float | None = None,
+    backend: str = "reference",
+    block_size: int = 128,
+) -> NamedArray:
+    """Attention over the shared position axis ``Pos``, computed by the chosen backend.
+
+    Both backends have the contract of :func:`dot_product_attention` (named axes, grouped-query
+    attention by broadcasting extra query axes, batch axes anywhere).
+
+    Args:
+        Pos: the position axis of query, key and value.
+        HeadSize: the contracted per-head axis.
+        query: ``(..., Pos, heads..., HeadSize)``.
+        key: ``(..., Pos, kv heads..., HeadSize)``.
+        value: like ``key``.
+        mask: an :class:`AttentionMask`, an explicit boolean mask (``"reference"`` only), or None.
+        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
+        backend: ``"reference"`` (:func:`dot_product_attention`, materializes the scores) or ``"flash"``
+            (:func:`~ponente.models.flash_attention.flash_attention`, blockwise, O(seq * block) memory).
+        block_size: the flash tile size over positions (ignored by ``"reference"``).
+
+    Returns:
+        The attended values with the query's axes.
+
+    Raises:
+        ValueError: for an unknown ``backend`` (the message lists the choices), or as the backend raises.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> Pos, Hd = hax.Axis("position", 6), hax.Axis("head_size", 4)
+        >>> x = hax.random.normal(jax.random.key(0), (Pos, Hd))
+        >>> ref = attention(Pos, Hd, x, x, x, AttentionMask.causal())
+        >>> fla = attention(Pos, Hd, x, x, x, AttentionMask.causal(), backend="flash", block_size=4)
+        >>> bool(hax.all(hax.abs(ref - fla) < 1e-5).scalar())
+        True
+    """
+    _check_backend(backend)
+    if backend == "flash":
+        return flash_attention(
+            Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor, block_size=block_size
+        )
+    return dot_product_attention(Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor)
+
+
 class Attention(eqx.Module):
     """Multi-head attention with grouped key/value heads (MHA, GQA, MQA) and optional rotary embeddings.
 
@@ -114,6 +175,8 @@ class Attention(eqx.Module):
         v_proj: ``Embed -> (KVHeads, HeadSize)``.
         o_proj: ``(KVHeads, QHeadsPerGroup, HeadSize) -> Embed``.
         rotary: rotary settings (None: no rotary embedding).
+        backend: the attention backend, ``"reference"`` or ``"flash"`` (see :func:`attention`).
+        block_size: the flash-attention tile size over positions.
     """
 
     q_proj: Linear
@@ -121,6 +184,8 @@ class Attention(eqx.Module):
     v_proj: Linear
     o_proj: Linear
     rotary: RotaryConfig | None = eqx.field(static=True)
+    backend: str = eqx.field(static=True, default="reference")
+    block_size: int = eqx.field(static=True, default=128)
 
     @staticmethod
     def init(
@@ -132,6 +197,8 @@ class Attention(eqx.Module):
         use_bias: bool,
         rotary: RotaryConfig | None,
         key: jax.Array,
+        backend: str = "reference",
+        block_size: int = 128,
     ) -> Attention:
         """Create the projections.
 
@@ -143,10 +210,18 @@ class Attention(eqx.Module):
             use_bias: whether the Q/K/V/O projections have biases.
             rotary: rotary settings, or None.
             key: the PRNG key.
+            backend: the attention backend (``"reference"`` or ``"flash"``; see :func:`attention`).
+            block_size: the flash-attention tile size over positions.
 
         Returns:
             The layer.
+
+        Raises:
+            ValueError: for an unknown ``backend`` or a ``block_size`` below 1.
         """
+        _check_backend(backend)
+        if block_size < 1:
+            raise ValueError(f"Attention.init: block_size must be >= 1, got {block_size}")
         kq, kk, kv, ko = jax.random.split(key, 4)
         QHeads = (KVHeads, QHeadsPerGroup, HeadSize)
         return Attention(
@@ -155,6 +230,8 @@ class Attention(eqx.Module):
             v_proj=Linear.init(Embed, (KVHeads, HeadSize), key=kv, use_bias=use_bias),
             o_proj=Linear.init(QHeads, Embed, key=ko, use_bias=use_bias),
             rotary=rotary,
+            backend=backend,
+            block_size=block_size,
         )
 
     def __call__(
@@ -177,5 +254,5 @@ class Attention(eqx.Module):
         if self.rotary is not None:
             q = apply_rotary(q, Pos, HeadSize, self.rotary)
             k = apply_rotary(k, Pos, HeadSize, self.rotary)
-        out = dot_product_attention(Pos, HeadSize, q, k, v, mask)
+        out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
         return self.o_proj(out)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -10,6 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
@@ -26,7 +29,7 @@ from .attention import AttentionMask
 if TYPE_CHECKING:
     from .config import LmConfig
 
-__all__ = ["LmExample", "LmHeadModel", "compute_next_token_loss"]
+__all__ = ["LmExample", "LmHeadModel", "blockwise_cross_entropy_loss", "compute_next_token_loss"]
 
 M = TypeVar("M", bound="LmHeadModel")
 
@@ -66,6 +69,50 @@ class LmHeadModel(ModuleWithStateDictSerialization):
         Returns:
             Logits with the input's axes followed by ``vocab``.
         """
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+    ) -> NamedArray:
+        """The final hidden states, i.e. what the output projection (:meth:`get_lm_head`) turns into logits.
+
+        Models that implement this and :meth:`get_lm_head` support the blockwise loss
+        (``compute_next_token_loss(..., block_size=...)``), which never materializes the full logits.
+
+        Args:
+            input_ids: integer token ids with a ``position`` axis (and any batch axes).
+            attn_mask: the attention mask (None: causal).
+            key: PRNG key for dropout (unused by deterministic models).
+
+        Returns:
+            ``(..., position, embed)`` hidden states (after the final norm).
+
+        Raises:
+            NotImplementedError: if the model does not expose its hidden states.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement activations(); it is needed for the blockwise loss "
+            "(compute_next_token_loss(..., block_size=...)); use block_size=None"
+        )
+
+    def get_lm_head(self) -> NamedArray:
+        """The output projection: a NamedArray over ``(embed, vocab)`` (either order), without bias.
+
+        ``logits = hax.dot(self.activations(...), self.get_lm_head(), axis="embed")``.
+
+        Returns:
+            The unembedding matrix (the token embedding itself for tied models).
+
+        Raises:
+            NotImplementedError: if the model does not expose its output projection.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement get_lm_head(); it is needed for the blockwise loss "
+            "(compute_next_token_loss(..., block_size=...)); use block_size=None"
+        )
 
     # Hugging Face PyTorch parameters stored (in, out) (GPT-2's Conv1D); keys ending with these are transposed
     _hf_transposed_suffixes: ClassVar[tuple[str, ...]] = ()
@@ -113,29 +160,43 @@ class LmExample(eqx.Module):
     attn_mask: AttentionMask
 
     @staticmethod
-    def causal(tokens: NamedArray, *, loss_mask: NamedArray | None = None, eos_id: int | None = None) -> LmExample:
-        """A causal example; with ``eos_id``, documents packed in ``tokens`` get separate segments.
+    def causal(
+        tokens: NamedArray,
+        *,
+        loss_mask: NamedArray | None = None,
+        eos_id: int | None = None,
+        segment_ids: NamedArray | None = None,
+    ) -> LmExample:
+        """A causal example; documents packed in ``tokens`` get separate segments (from ``segment_ids`` or EOS).
 
-        The last position never has a target, so its loss mask is 0. With ``eos_id``, a token belongs to
-        the segment ended by the next EOS (the EOS itself included), so no token attends across a
-        document boundary, and the prediction made at an EOS (the next document's first token) is masked.
+        The last position never has a target, so its loss mask is 0. No token attends across a segment
+        boundary, and the prediction of a token of another segment (the next document's first token) is
+        masked. With ``eos_id``, a token belongs to the segment ended by the next EOS (the EOS itself
+        included). With ``segment_ids`` (e.g. from a packed dataset), segments are its contiguous runs;
+        with both, a boundary of either one separates segments.
 
         Args:
             tokens: integer ids with a ``position`` axis.
             loss_mask: an extra mask multiplied in (None: all ones).
-            eos_id: the end-of-sequence id used to derive segments (None: one segment).
+            eos_id: the end-of-sequence id used to derive segments (None: no EOS-based segments).
+            segment_ids: integer segment ids over ``position`` (and some of the tokens' batch axes).
 
         Returns:
             The example.
 
         Raises:
-            ValueError: if ``tokens`` has no ``position`` axis.
+            ValueError: if ``tokens`` has no ``position`` axis, or ``segment_ids`` has axes ``tokens`` lacks.
 
         Example:
             >>> import jax.numpy as jnp, ponente.namedtensor as hax
             >>> ex = LmExample.causal(hax.named(jnp.array([5, 6, 0, 7, 8]), "position"), eos_id=0)
             >>> ex.attn_mask.segment_ids.array.tolist(), ex.loss_mask.array.tolist()
             ([0, 0, 0, 1, 1], [1.0, 1.0, 0.0, 1.0, 0.0])
+            >>> seg = hax.named(jnp.array([3, 3, 4, 4, 4]), "position")
+            >>> LmExample.causal(
+            ...     hax.named(jnp.array([5, 6, 7, 8, 9]), "position"), segment_ids=seg
+            ... ).loss_mask.array.tolist()
+            [1.0, 0.0, 1.0, 1.0, 0.0]
         """
         if not tokens.has_axis("position"):
             raise ValueError(f"LmExample.causal: tokens need a 'position' axis, got axes {tokens.axis_names}")
@@ -144,13 +205,167 @@ class LmExample(eqx.Module):
         mask = hax.broadcast_to(not_last.astype(jnp.float32), tokens.axes)
         if loss_mask is not None:
             mask = mask * loss_mask.astype(jnp.float32)
-        attn = AttentionMask.causal()
+        segments: NamedArray | None = None
+        if segment_ids is not None:
+            extra = [ax.name for ax in segment_ids.axes if not tokens.has_axis(ax.name)]
+            if extra or not segment_ids.has_axis("position"):
+                raise ValueError(
+                    f"LmExample.causal: segment_ids axes {segment_ids.axis_names} must include 'position' and be "
+                    f"among the tokens' axes {tokens.axis_names}"
+                )
+            segments = segment_ids
         if eos_id is not None:
             is_eos = (tokens == eos_id).astype(jnp.int32)
-            segments = hax.cumsum(is_eos, Pos) - is_eos
+            eos_segments = hax.cumsum(is_eos, Pos) - is_eos
+            segments = eos_segments if segments is None else _merge_segments(segments, eos_segments, Pos)
+        attn = AttentionMask.causal()
+        if segments is not None:
             attn = attn.with_segment_ids(segments)
-            mask = mask * (1 - is_eos).astype(jnp.float32)
+            # the target of position i is token i + 1: it only counts inside the same segment
+            same_segment = hax.roll(segments, -1, Pos) == segments
+            mask = mask * same_segment.astype(jnp.float32)
         return LmExample(tokens, mask, attn)
+
+
+def _merge_segments(a: NamedArray, b: NamedArray, Pos: Axis) -> NamedArray:
+    """Segment ids that change wherever ``a`` or ``b`` changes along ``Pos`` (contiguous runs, counted from 0)."""
+    changed = (hax.roll(a, 1, Pos) != a) | (hax.roll(b, 1, Pos) != b)
+    changed = changed & (hax.arange(Pos) > 0)
+    return hax.cumsum(changed.astype(jnp.int32), Pos)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LossSpec:
+    """Static settings of the blockwise cross-entropy (a ``nondiff`` argument of its custom VJP)."""
+
+    block: int
+    vocab: int  # the real vocabulary size; padded columns are masked
+    z_loss_weight: float
+
+
+def _vocab_tile(spec: _LossSpec, h: jax.Array, w: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Logits ``[..., block]`` of vocabulary block ``j`` (``-inf`` on padding) and the block's column ids."""
+    cols = j * spec.block + jnp.arange(spec.block)
+    logits = h @ lax.dynamic_slice_in_dim(w, j * spec.block, spec.block, axis=1)
+    return jnp.where(cols < spec.vocab, logits, -jnp.inf), cols
+
+
+def _blockwise_forward(spec: _LossSpec, h: jax.Array, w: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-token loss and log-sum-exp (``t``'s shape) with an online softmax over vocabulary blocks."""
+
+    def visit(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        m, total, target = carry
+        logits, cols = _vocab_tile(spec, h, w, j)
+        m_new = jnp.maximum(m, logits.max(-1))
+        total = total * jnp.exp(m - m_new) + jnp.exp(logits - m_new[..., None]).sum(-1)
+        target = target + jnp.sum(jnp.where(cols == t[..., None], logits, 0.0), axis=-1)
+        return m_new, total, target
+
+    init = (jnp.full(t.shape, -jnp.inf, h.dtype), jnp.zeros(t.shape, h.dtype), jnp.zeros(t.shape, h.dtype))
+    m, total, target = lax.fori_loop(0, w.shape[1] // spec.block, visit, init)
+    lse = m + jnp.log(total)
+    return lse - target + spec.z_loss_weight * lse * lse, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _blockwise_ce(spec: _LossSpec, h: jax.Array, w: jax.Array, t: jax.Array) -> jax.Array:
+    return _blockwise_forward(spec, h, w, t)[0]
+
+
+def _blockwise_ce_fwd(
+    spec: _LossSpec, h: jax.Array, w: jax.Array, t: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    loss, lse = _blockwise_forward(spec, h, w, t)
+    return loss, (h, w, t, lse)
+
+
+def _blockwise_ce_bwd(spec: _LossSpec, res: tuple[jax.Array, ...], g: jax.Array) -> tuple[Any, ...]:
+    h, w, t, lse = res
+    # d loss / d logits = softmax * (1 + 2 z lse) - onehot(target)
+    coef = g * (1.0 + 2.0 * spec.z_loss_weight * lse)
+
+    def block_grads(dh: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits, cols = _vocab_tile(spec, h, w, j)
+        is_target = cols == t[..., None]
+        dlogits = coef[..., None] * jnp.exp(logits - lse[..., None]) - jnp.where(is_target, g[..., None], 0.0)
+        w_j = lax.dynamic_slice_in_dim(w, j * spec.block, spec.block, axis=1)
+        return dh + dlogits @ w_j.T, jnp.einsum("...e,...v->ev", h, dlogits)
+
+    n_blocks = w.shape[1] // spec.block
+    dh, dw_blocks = lax.scan(block_grads, jnp.zeros_like(h), jnp.arange(n_blocks))
+    dw = jnp.moveaxis(dw_blocks, 0, 1).reshape(w.shape)
+    return dh, dw, None
+
+
+_blockwise_ce.defvjp(_blockwise_ce_fwd, _blockwise_ce_bwd)
+
+
+def blockwise_cross_entropy_loss(
+    hidden: NamedArray,
+    lm_head: NamedArray,
+    targets: NamedArray,
+    *,
+    block_size: int,
+    z_loss_weight: float = 0.0,
+    dtype: Any = jnp.float32,
+) -> NamedArray:
+    """Per-position cross-entropy of ``logits = hidden · lm_head`` without materializing the logits.
+
+    The vocabulary is processed ``block_size`` columns at a time with an online log-sum-exp; the
+    backward pass (a custom VJP) recomputes each block, so memory is O(tokens * block_size) instead of
+    O(tokens * vocab). The loss at a position is ``lse - logits[target] + z_loss_weight * lse**2``.
+
+    Args:
+        hidden: ``(..., Embed)`` hidden states (e.g. :meth:`LmHeadModel.activations`).
+        lm_head: the output projection over ``(Embed, Vocab)`` in either order; ``Embed`` is the axis it
+            shares with ``hidden``.
+        targets: integer target ids with exactly ``hidden``'s axes minus ``Embed`` (ids outside the
+            vocabulary contribute a target logit of 0).
+        block_size: vocabulary columns per block (clipped to the vocabulary size; it is padded to a multiple).
+        z_loss_weight: the z-loss weight (0: none).
+        dtype: the computation dtype of logits and loss.
+
+    Returns:
+        The unreduced, unmasked loss with ``targets``' axes.
+
+    Raises:
+        ValueError: if ``lm_head`` is not two axes, one shared with ``hidden``, if ``targets``' axes are
+            not ``hidden``'s minus ``Embed``, or if ``block_size`` is below 1.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> Pos, Embed, Vocab = hax.make_axes(position=4, embed=8, vocab=50)
+        >>> h = hax.random.normal(jax.random.key(0), (Pos, Embed))
+        >>> w = hax.random.normal(jax.random.key(1), (Embed, Vocab))
+        >>> blockwise_cross_entropy_loss(h, w, hax.arange(Pos), block_size=16).shape
+        {'position': 4}
+    """
+    where = "blockwise_cross_entropy_loss"
+    if block_size < 1:
+        raise ValueError(f"{where}: block_size must be >= 1, got {block_size}")
+    shared = [ax for ax in lm_head.axes if hidden.has_axis(ax.name)]
+    if len(lm_head.axes) != 2 or len(shared) != 1:
+        raise ValueError(
+            f"{where}: lm_head must have two axes (embed, vocab), exactly one of them shared with hidden; got "
+            f"lm_head axes {lm_head.axes} and hidden axes {hidden.axes}"
+        )
+    Embed = shared[0]
+    Vocab = next(ax for ax in lm_head.axes if ax.name != Embed.name)
+    token_axes = tuple(ax for ax in hidden.axes if ax.name != Embed.name)
+    if {ax.name for ax in targets.axes} != {ax.name for ax in token_axes}:
+        raise ValueError(
+            f"{where}: targets must have hidden's axes minus {Embed.name!r}, i.e. {token_axes}; got {targets.axes}"
+        )
+    # token (batch, position) dimensions stay separate: no reshape of possibly sharded axes
+    h = hidden.rearrange((*token_axes, Embed)).array.astype(dtype)
+    w = lm_head.rearrange((Embed, Vocab)).array.astype(dtype)
+    t = targets.rearrange(token_axes).array.astype(jnp.int32)
+    blk = min(block_size, Vocab.size)
+    pad = -(-Vocab.size // blk) * blk - Vocab.size
+    if pad:
+        w = jnp.pad(w, ((0, 0), (0, pad)))
+    loss = _blockwise_ce(_LossSpec(block=blk, vocab=Vocab.size, z_loss_weight=float(z_loss_weight)), h, w, t)
+    return NamedArray(loss, token_axes)
 
 
 def compute_next_token_loss(
@@ -161,11 +376,14 @@ def compute_next_token_loss(
     logsumexp_weight: float | None = None,
     loss_dtype: Any = jnp.float32,
     reduction: str = "mean",
+    block_size: int | None = None,
 ) -> NamedArray:
     """Next-token cross-entropy of ``model`` on ``example`` (masked), with an optional z-loss.
 
     The loss at position ``i`` is ``logsumexp(logits_i) - logits_i[tokens_{i+1}]``, plus
-    ``logsumexp_weight * logsumexp(logits_i)**2`` if a z-loss weight is given.
+    ``logsumexp_weight * logsumexp(logits_i)**2`` if a z-loss weight is given. With ``block_size``, the
+    loss is computed from the model's hidden states and output projection one vocabulary block at a
+    time (:func:`blockwise_cross_entropy_loss`), so the ``(..., position, vocab)`` logits never exist.
 
     Args:
         model: the model.
@@ -174,24 +392,38 @@ def compute_next_token_loss(
         logsumexp_weight: z-loss weight (None or 0: no z-loss).
         loss_dtype: dtype of the loss computation.
         reduction: ``"mean"`` (over unmasked positions), ``"sum"``, or ``"none"`` (per-position, masked).
+        block_size: vocabulary block size of the blockwise loss (None: materialize the logits). Needs a
+            model implementing :meth:`LmHeadModel.activations` and :meth:`LmHeadModel.get_lm_head`.
 
     Returns:
         A scalar NamedArray (or per-position losses for ``"none"``).
 
     Raises:
         ValueError: for an unknown ``reduction``.
+        NotImplementedError: with ``block_size``, for a model without ``activations``/``get_lm_head``.
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"compute_next_token_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    logits = model(example.tokens, example.attn_mask, key=key).astype(loss_dtype)
     Pos = example.tokens.resolve_axis("position")
-    Vocab = model.Vocab
     targets = hax.roll(example.tokens, -1, Pos)
-    lse = hax.nn.logsumexp(logits, Vocab)
-    target_logits = hax.sum(logits * hax.nn.one_hot(targets, Vocab, dtype=loss_dtype), Vocab)
-    loss = lse - target_logits
-    if logsumexp_weight:
-        loss = loss + logsumexp_weight * lse * lse
+    if block_size is not None:
+        hidden = model.activations(example.tokens, example.attn_mask, key=key)
+        loss = blockwise_cross_entropy_loss(
+            hidden,
+            model.get_lm_head(),
+            targets,
+            block_size=block_size,
+            z_loss_weight=logsumexp_weight or 0.0,
+            dtype=loss_dtype,
+        )
+    else:
+        logits = model(example.tokens, example.attn_mask, key=key).astype(loss_dtype)
+        Vocab = model.Vocab
+        lse = hax.nn.logsumexp(logits, Vocab)
+        target_logits = hax.sum(logits * hax.nn.one_hot(targets, Vocab, dtype=loss_dtype), Vocab)
+        loss = lse - target_logits
+        if logsumexp_weight:
+            loss = loss + logsumexp_weight * lse * lse
     loss = loss * example.loss_mask.astype(loss_dtype)
     if reduction == "none":
         return loss

@@ -1,0 +1,352 @@
+"""Blockwise ("flash") attention in pure JAX: online softmax, O(seq * block) memory, recomputing backward.
+
+The forward pass walks the key/value blocks of each query block keeping a running maximum and sum
+(the online softmax), so the ``(position, key_position)`` score matrix only ever exists one
+``(block, block)`` tile at a time. The backward pass (a :func:`jax.custom_vjp`) stores only the output and
+the per-query log-sum-exp and recomputes each tile. Masks are computed per tile from an
+:class:`~ponente.models.AttentionMask` description (causal, sliding window, segment ids); key blocks that
+a query block cannot see (above the causal diagonal, outside the sliding window) are not visited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis, NamedArray
+
+if TYPE_CHECKING:
+    from .attention import AttentionMask
+
+__all__ = ["flash_attention"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """Static description of one flash-attention call (hashable: a ``nondiff`` argument of the custom VJP)."""
+
+    block: int  # tile size for both query and key blocks
+    length: int  # the real (unpadded) sequence length; keys at or beyond it are masked
+    causal: bool
+    window: int | None
+    scale: float
+
+    def kv_range(self, i: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array]:
+        """Key blocks ``[lo, hi)`` that query block ``i`` may see."""
+        lo = jnp.zeros((), jnp.int32)
+        if self.window is not None:  # keys k > q - window; the first query of block i is i * block
+            lo = jnp.maximum(lo, (i * self.block - self.window + 1) // self.block)
+        hi = i + 1 if self.causal else jnp.asarray(num_blocks, jnp.int32)
+        return lo, hi
+
+    def q_range(self, j: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array]:
+        """Query blocks ``[lo, hi)`` that may see key block ``j``."""
+        lo = j if self.causal else jnp.zeros((), jnp.int32)
+        hi = jnp.asarray(num_blocks, jnp.int32)
+        if self.window is not None:  # the last key of block j is seen by queries q < key + window
+            last_q = j * self.block + self.block - 1 + self.window - 1
+            hi = jnp.minimum(hi, last_q // self.block + 1)
+        return lo, hi
+
+    def tile_mask(self, i: jax.Array, j: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None) -> jax.Array:
+        """Boolean ``[..., 1, block, block]``: may query ``i*block + a`` attend to key ``j*block + c``."""
+        qpos = i * self.block + jnp.arange(self.block)[:, None]
+        kpos = j * self.block + jnp.arange(self.block)[None, :]
+        allowed = jnp.broadcast_to(kpos < self.length, (self.block, self.block))
+        if self.causal:
+            allowed = allowed & (kpos <= qpos)
+        if self.window is not None:
+            allowed = allowed & (qpos - kpos < self.window)
+        if q_seg is not None and k_seg is not None:
+            qs = lax.dynamic_slice_in_dim(q_seg, i * self.block, self.block, axis=-1)
+            ks = lax.dynamic_slice_in_dim(k_seg, j * self.block, self.block, axis=-1)
+            allowed = allowed & (qs[..., :, None] == ks[..., None, :])
+        return allowed[..., None, :, :]
+
+
+def _tile(x: jax.Array, index: jax.Array, block: int, axis: int) -> jax.Array:
+    return lax.dynamic_slice_in_dim(x, index * block, block, axis=axis)
+
+
+def _scores(spec: _Spec, qi: jax.Array, kj: jax.Array, mask: jax.Array) -> jax.Array:
+    """Scaled scores of one tile, ``-inf`` where masked (so ``exp`` gives exactly 0 there)."""
+    s = jnp.einsum("...gqd,...kd->...gqk", qi * spec.scale, kj)
+    return jnp.where(mask, s, -jnp.inf)
+
+
+def _forward(
+    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """Output ``[..., g, L, Dv]`` and log-sum-exp ``[..., g, L]`` (0 for rows that see no key, whose output is 0)."""
+    rows = q.shape[:-2]  # (batch..., g)
+    length, blk = q.shape[-2], spec.block
+    n = length // blk
+
+    def query_block(i: jax.Array) -> tuple[jax.Array, jax.Array]:
+        qi = _tile(q, i, blk, -2)
+
+        def visit(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, ...]:
+            m, total, acc = carry
+            s = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
+            m_new = jnp.maximum(m, s.max(-1))
+            # a row that has seen no allowed key yet keeps m = -inf; shift by 0 instead to avoid inf - inf
+            shift = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
+            p = jnp.exp(s - shift[..., None])
+            rescale = jnp.exp(m - shift)
+            total = rescale * total + p.sum(-1)
+            acc = rescale[..., None] * acc + jnp.einsum("...gqk,...kd->...gqd", p, _tile(v, j, blk, -2))
+            return m_new, total, acc
+
+        init = (
+            jnp.full((*rows, blk), -jnp.inf, q.dtype),
+            jnp.zeros((*rows, blk), q.dtype),
+            jnp.zeros((*rows, blk, v.shape[-1]), q.dtype),
+        )
+        lo, hi = spec.kv_range(i, n)
+        m, total, acc = lax.fori_loop(lo, hi, visit, init)
+        seen = total > 0
+        safe_total = jnp.where(seen, total, 1.0)
+        return acc / safe_total[..., None], jnp.where(seen, m + jnp.log(safe_total), 0.0)
+
+    out, lse = lax.map(query_block, jnp.arange(n, dtype=jnp.int32))
+    return _unblock(out, 1, (*rows, length, v.shape[-1])), _unblock(lse, 0, (*rows, length))
+
+
+def _unblock(stacked: jax.Array, features: int, shape: tuple[int, ...]) -> jax.Array:
+    """Block results ``[n, ..., block, <features dims>]`` (from ``lax.map``) as ``shape`` (``n * block`` positions)."""
+    return jnp.moveaxis(stacked, 0, -2 - features).reshape(shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(
+    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None
+) -> jax.Array:
+    return _forward(spec, q, k, v, q_seg, k_seg)[0]
+
+
+def _flash_fwd(
+    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    out, lse = _forward(spec, q, k, v, q_seg, k_seg)
+    return out, (q, k, v, q_seg, k_seg, out, lse)
+
+
+def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
+    q, k, v, q_seg, k_seg, out, lse = res
+    length, blk = q.shape[-2], spec.block
+    n = length // blk
+    delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
+
+    def tile_grads(i: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """Probabilities ``p`` and score gradients ``ds`` of tile (i, j), plus the query-side slices."""
+        qi, doi = _tile(q, i, blk, -2), _tile(dout, i, blk, -2)
+        s = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
+        p = jnp.exp(s - _tile(lse, i, blk, -1)[..., None])
+        dp = jnp.einsum("...gqd,...kd->...gqk", doi, _tile(v, j, blk, -2))
+        ds = p * (dp - _tile(delta, i, blk, -1)[..., None])
+        return p, ds, qi, doi
+
+    def dq_block(i: jax.Array) -> jax.Array:
+        def visit(j: jax.Array, dq: jax.Array) -> jax.Array:
+            _, ds, _, _ = tile_grads(i, j)
+            return dq + jnp.einsum("...gqk,...kd->...gqd", ds, _tile(k, j, blk, -2))
+
+        lo, hi = spec.kv_range(i, n)
+        init = jnp.zeros((*q.shape[:-2], blk, q.shape[-1]), q.dtype)
+        return lax.fori_loop(lo, hi, visit, init) * spec.scale
+
+    def dkv_block(j: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def visit(i: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            dk, dvj = carry
+            p, ds, qi, doi = tile_grads(i, j)
+            dk = dk + jnp.einsum("...gqk,...gqd->...kd", ds, qi)
+            return dk, dvj + jnp.einsum("...gqk,...gqd->...kd", p, doi)
+
+        lo, hi = spec.q_range(j, n)
+        kv_rows = k.shape[:-2]
+        init = (jnp.zeros((*kv_rows, blk, k.shape[-1]), k.dtype), jnp.zeros((*kv_rows, blk, v.shape[-1]), v.dtype))
+        dk, dvj = lax.fori_loop(lo, hi, visit, init)
+        return dk * spec.scale, dvj
+
+    blocks = jnp.arange(n, dtype=jnp.int32)
+    dk, dv = lax.map(dkv_block, blocks)
+    dq = _unblock(lax.map(dq_block, blocks), 1, q.shape)
+    return dq, _unblock(dk, 1, k.shape), _unblock(dv, 1, v.shape), None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _flash_arrays(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    *,
+    block_size: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+) -> jax.Array:
+    """Flash attention on positional arrays: ``q [..., g, L, D]``, ``k [..., L, D]``, ``v [..., L, Dv]``.
+
+    The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
+    segment ids are ``[..., L]``. Pads ``L`` up to a multiple of the block (padded keys are masked, padded
+    queries dropped).
+    """
+    length = q.shape[-2]
+    blk = min(block_size, length)
+    pad = -(-length // blk) * blk - length
+    if pad:
+
+        def pad_positions(x: jax.Array, axis: int) -> jax.Array:
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, pad)
+            return jnp.pad(x, widths, constant_values=-1 if jnp.issubdtype(x.dtype, jnp.integer) else 0)
+
+        q, k, v = (pad_positions(x, x.ndim - 2) for x in (q, k, v))
+        if q_seg is not None and k_seg is not None:
+            q_seg, k_seg = pad_positions(q_seg, q_seg.ndim - 1), pad_positions(k_seg, k_seg.ndim - 1)
+    spec = _Spec(block=blk, length=length, causal=causal, window=window, scale=scale)
+    return _flash(spec, q, k, v, q_seg, k_seg)[..., :length, :]
+
+
+def _check_axes(Pos: Axis, HeadSize: Axis, query: NamedArray, key: NamedArray, value: NamedArray) -> None:
+    for role, x in (("query", query), ("key", key), ("value", value)):
+        if not x.has_axis(Pos.name):
+            raise ValueError(f"flash_attention: the {role} has no position axis {Pos.name!r}; its axes: {x.axes}")
+        if x.axis_size(Pos.name) != Pos.size:
+            raise ValueError(
+                f"flash_attention: the {role}'s axis {Pos.name!r} has size {x.axis_size(Pos.name)}, "
+                f"expected {Pos.size}"
+            )
+    for role, x in (("query", query), ("key", key)):
+        if not x.has_axis(HeadSize.name):
+            raise ValueError(f"flash_attention: the {role} has no head axis {HeadSize.name!r}; its axes: {x.axes}")
+
+
+def flash_attention(
+    Pos: Axis,
+    HeadSize: Axis,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    *,
+    scaling_factor: float | None = None,
+    block_size: int = 128,
+    dtype: Any = None,
+) -> NamedArray:
+    """Blockwise attention with the contract of :func:`~ponente.models.dot_product_attention`.
+
+    Query, key and value share the position axis ``Pos``. Axes of the query that the key lacks (e.g.
+    ``q_heads_per_group``) broadcast (grouped-query / multi-query attention); the key's other axes
+    (batch, kv heads) must also be on the query. Memory is O(seq * block): the ``(Pos, key_position)``
+    scores are computed one ``block x block`` tile at a time, in forward and backward.
+
+    A query that may attend to no key at all gets an output of 0 (the reference, which uses a large
+    negative mask value instead of ``-inf``, averages all values there instead).
+
+    Args:
+        Pos: the position axis of query, key and value.
+        HeadSize: the contracted per-head axis of query and key.
+        query: ``(..., Pos, heads..., HeadSize)``.
+        key: ``(..., Pos, kv heads..., HeadSize)``.
+        value: the key's axes, except that ``HeadSize`` may be replaced by other feature axes.
+        mask: an :class:`~ponente.models.AttentionMask` or None (no masking). Explicit boolean NamedArray
+            masks are not supported by this backend.
+        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
+        block_size: the tile size over positions (clipped to the sequence length; the sequence is padded
+            to a multiple of it).
+        dtype: the dtype of scores, softmax statistics and accumulators (None: at least float32).
+
+    Returns:
+        The attended values: the query's axes (with the value's feature axes in place of ``HeadSize``),
+        in the dtype of ``query`` and ``value`` combined.
+
+    Raises:
+        ValueError: for an explicit NamedArray mask, a block size or sliding window below 1, or axes that
+            do not line up (the message names the axis).
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> from ponente.models import AttentionMask
+        >>> Pos, Heads, Hd = hax.make_axes(position=10, heads=2, head_size=4)
+        >>> q = hax.random.normal(jax.random.key(0), (Pos, Heads, Hd))
+        >>> flash_attention(Pos, Hd, q, q, q, AttentionMask.causal(), block_size=4).shape
+        {'position': 10, 'heads': 2, 'head_size': 4}
+    """
+    if isinstance(mask, NamedArray):
+        raise ValueError(
+            "flash_attention: the 'flash' attention backend computes masks per block and does not support an "
+            "explicit NamedArray mask; pass an AttentionMask (causal, sliding_window, segment_ids) or use "
+            "backend='reference'"
+        )
+    if block_size < 1:
+        raise ValueError(f"flash_attention: block_size must be >= 1, got {block_size}")
+    if mask is not None and mask.sliding_window is not None and mask.sliding_window < 1:
+        raise ValueError(f"flash_attention: sliding_window must be >= 1, got {mask.sliding_window}")
+    _check_axes(Pos, HeadSize, query, key, value)
+    skip = {Pos.name, HeadSize.name}
+    kv_batch = tuple(ax for ax in key.axes if ax.name not in skip)
+    for ax in kv_batch:
+        if not query.has_axis(ax.name) or query.axis_size(ax.name) != ax.size:
+            raise ValueError(
+                f"flash_attention: the key's axis {ax} must also be on the query with the same size; query axes: "
+                f"{query.axes}"
+            )
+        if not value.has_axis(ax.name) or value.axis_size(ax.name) != ax.size:
+            raise ValueError(f"flash_attention: the key's axis {ax} is not on the value, whose axes are {value.axes}")
+    batch_names = {ax.name for ax in kv_batch}
+    q_extra = tuple(ax for ax in query.axes if ax.name not in skip and ax.name not in batch_names)
+    v_feat = tuple(ax for ax in value.axes if ax.name != Pos.name and ax.name not in batch_names)
+    clash = [ax.name for ax in v_feat if query.has_axis(ax.name) and ax.name != HeadSize.name]
+    if clash:
+        raise ValueError(f"flash_attention: the value's axes {clash} are on the query but not on the key")
+
+    b = tuple(ax.size for ax in kv_batch)  # kept as separate dimensions: no reshape of (possibly sharded) batch axes
+    g = math.prod(ax.size for ax in q_extra)
+    dv = math.prod(ax.size for ax in v_feat)
+    out_dtype = jnp.result_type(query.dtype, value.dtype)
+    acc = jnp.dtype(dtype) if dtype is not None else jnp.promote_types(query.dtype, jnp.float32)
+    q_raw = query.rearrange((*kv_batch, *q_extra, Pos, HeadSize)).array.reshape(*b, g, Pos.size, HeadSize.size)
+    k_raw = key.rearrange((*kv_batch, Pos, HeadSize)).array.reshape(*b, Pos.size, HeadSize.size)
+    v_raw = value.rearrange((*kv_batch, Pos, *v_feat)).array.reshape(*b, Pos.size, dv)
+
+    seg: jax.Array | None = None
+    if mask is not None and mask.segment_ids is not None:
+        ids = mask.segment_ids
+        if not ids.has_axis(Pos.name):
+            raise ValueError(f"flash_attention: segment_ids need the position axis {Pos.name!r}; got {ids.axes}")
+        extra = [ax.name for ax in ids.axes if ax.name != Pos.name and ax.name not in batch_names]
+        if extra:
+            raise ValueError(
+                f"flash_attention: segment_ids axes {extra} are not batch axes of the key ({list(batch_names)})"
+            )
+        seg = hax.broadcast_to(ids, (*kv_batch, Pos)).array
+
+    out = _flash_arrays(
+        q_raw.astype(acc),
+        k_raw.astype(acc),
+        v_raw.astype(acc),
+        seg,
+        seg,
+        block_size=block_size,
+        # a sliding window is causal too (``q - window < k <= q``), as in the reference mask
+        causal=mask is not None and (mask.is_causal or mask.sliding_window is not None),
+        window=None if mask is None else mask.sliding_window,
+        scale=1.0 / math.sqrt(HeadSize.size) if scaling_factor is None else float(scaling_factor),
+    )
+    axes = (*kv_batch, *q_extra, Pos, *v_feat)
+    named = NamedArray(out.reshape(tuple(ax.size for ax in axes)).astype(out_dtype), axes)
+    if tuple(ax.name for ax in v_feat) == (HeadSize.name,):
+        return named.rearrange(tuple(ax.name for ax in query.axes))
+    return named.rearrange((*(ax.name for ax in query.axes if ax.name != HeadSize.name), *(ax.name for ax in v_feat)))
