@@ -1,0 +1,331 @@
+"""The training loop: accumulation equals a full batch, mixed precision, the loop, NaNs, hooks, Ctrl-C, errors."""
+
+import functools
+import logging
+import os
+import signal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.models import LlamaConfig, LmExample, compute_next_token_loss
+from ponente.trainer.callbacks import Hook, as_hook
+from ponente.trainer.trainer import NonFiniteLossError, Trainer, TrainerConfig
+
+Vocab = hax.Axis("vocab", 13)
+MODEL = LlamaConfig(seq_len=8, hidden_dim=16, intermediate_dim=32, num_layers=2, num_heads=4, num_kv_heads=2)
+
+
+def lm_loss(model, example, *, key):
+    return compute_next_token_loss(model, example, key=key)
+
+
+def make_batch(seed, batch_size=8, drop_some=True):
+    """A batch of random tokens whose loss masks hold different numbers of tokens per example."""
+    rng = np.random.default_rng(seed)
+    tokens = hax.named(
+        jnp.asarray(rng.integers(0, Vocab.size, (batch_size, MODEL.seq_len)), jnp.int32), ("batch", "position")
+    )
+    mask = (rng.random((batch_size, MODEL.seq_len)) < 0.6) if drop_some else np.ones((batch_size, MODEL.seq_len))
+    return LmExample.causal(tokens, loss_mask=hax.named(jnp.asarray(mask, jnp.float32), ("batch", "position")))
+
+
+def config(**kw):
+    defaults = {"train_batch_size": 8, "num_train_steps": 20, "compilation_cache_dir": None, "progress_bar": False}
+    return TrainerConfig(**{**defaults, **kw})
+
+
+def build(key):
+    return MODEL.build(Vocab, key=key)
+
+
+@functools.cache
+def _shared(crash_on_nan=True, nan=False):
+    return Trainer(
+        config(num_train_steps=10, steps_per_eval=4, crash_on_nan=crash_on_nan),
+        optax.sgd(0.1),
+        nan_loss if nan else lm_loss,
+    )
+
+
+def shared_trainer(*, hooks=(), log_fn=None, flops_per_token=None, crash_on_nan=True, nan=False):
+    """One compiled trainer per (loss, crash_on_nan) for the loop tests, with fresh hooks and logging."""
+    trainer = _shared(crash_on_nan, nan)
+    trainer.hooks = [as_hook(h) for h in hooks]
+    trainer.log_fn = log_fn
+    trainer.flops_per_token = flops_per_token
+    return trainer
+
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_inexact_array))]
+
+
+def keep_gradients():
+    """An "optimizer" that stores the gradients it receives as its state and leaves the parameters alone."""
+
+    def init(params):
+        return jax.tree_util.tree_map(jnp.zeros_like, params)
+
+    def update(grads, state, params=None):
+        return jax.tree_util.tree_map(jnp.zeros_like, grads), grads
+
+    return optax.GradientTransformation(init, update)
+
+
+@pytest.mark.parametrize("per_device", [2])
+def test_gradient_accumulation_equals_the_full_batch(per_device):
+    batch = make_batch(0)
+    model = build(jax.random.PRNGKey(1))
+    # reference: the gradient of the full batch's mean loss, computed directly
+    ref_loss, ref_grad = eqx.filter_jit(eqx.filter_value_and_grad(lambda m, b: compute_next_token_loss(m, b).array))(
+        model, batch
+    )
+
+    trainer = Trainer(config(per_device_parallelism=per_device), keep_gradients(), lm_loss)
+    assert trainer.num_microbatches == 8 // per_device
+    state = trainer.initial_state(lambda key: model, key=jax.random.PRNGKey(0))
+    state, metrics = trainer.train_step(state, batch)
+    np.testing.assert_allclose(float(metrics["loss"]), float(ref_loss), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.tree.norm(ref_grad)), rtol=1e-6)
+    for got, want in zip(leaves(state.opt_state), leaves(ref_grad), strict=True):
+        # float32 sums in another order: agree to 1e-6 of the leaf's gradient scale
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_mixed_precision_computes_in_bf16_and_keeps_f32_parameters():
+    seen = {}
+
+    def recording_loss(model, example, *, key):
+        seen["params"] = {x.dtype for x in jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_inexact_array))}
+        logits = model(example.tokens, example.attn_mask, key=key)
+        seen["logits"] = logits.dtype
+        loss = compute_next_token_loss(model, example, key=key)
+        seen["loss"] = loss.dtype
+        return loss
+
+    schedule = optax.linear_schedule(1e-3, 0.0, 10)
+    trainer = Trainer(config(mp="p=f32,c=bfloat16"), optax.adam(schedule), recording_loss, lr_schedule=schedule)
+    state = trainer.initial_state(build)
+    state, metrics = trainer.train_step(state, make_batch(0))
+    state, metrics = trainer.train_step(state, make_batch(1))
+    assert float(metrics["learning_rate"]) == pytest.approx(0.9e-3)  # schedule(1): the second step
+    assert seen["params"] == {jnp.dtype(jnp.bfloat16)}
+    assert seen["logits"] == jnp.bfloat16
+    assert seen["loss"] == jnp.float32
+    assert {x.dtype for x in leaves(state.model)} == {np.dtype(np.float32)}
+    assert {x.dtype for x in leaves(state.opt_state)} == {np.dtype(np.float32)}
+    assert metrics["loss"].dtype == jnp.float32
+
+
+def test_policy_casts_parameters_at_init():
+    trainer = Trainer(config(mp="p=bfloat16,c=bfloat16"), optax.sgd(0.1), lm_loss)
+    state = trainer.initial_state(lambda key: {"w": jax.random.normal(key, (3,)), "n": jnp.arange(3)})
+    assert state.model["w"].dtype == jnp.bfloat16
+    assert state.model["n"].dtype == jnp.int32  # integers are not cast
+
+
+def test_bad_policy_names_the_key():
+    with pytest.raises(ValueError, match=r"trainer\.mp"):
+        Trainer(config(mp="p=f33"), optax.sgd(0.1), lm_loss)
+
+
+def test_the_loop_reduces_the_loss_and_logs_every_step():
+    batches = [make_batch(i, drop_some=False) for i in range(2)]
+    logged = []
+    trainer = Trainer(
+        config(num_train_steps=20),
+        optax.inject_hyperparams(optax.adam)(learning_rate=1e-2),  # the learning rate metric is read from it
+        lm_loss,
+        log_fn=lambda metrics, step: logged.append((step, metrics)),
+        flops_per_token=MODEL.flops_per_token(Vocab.size),
+    )
+    state = trainer.initial_state(build)
+    initial = trainer.eval_loss(state, batches)
+    state = trainer.train(state, ((s, batches[s % 2]) for s in range(100)))
+    assert int(state.step) == 20
+    final = trainer.eval_loss(state, batches)
+    assert final < 0.8 * initial, (initial, final)
+    train_logs = [(s, m) for s, m in logged if "train/loss" in m]
+    assert [s for s, _ in train_logs] == list(range(1, 21))
+    _step, last = train_logs[-1]
+    for key in ("train/grad_norm", "throughput/tokens_per_second", "throughput/examples_per_second"):
+        assert last[key] > 0
+    assert last["optim/learning_rate"] == pytest.approx(1e-2)
+    assert "optim/count" not in last  # only the optimizer's metrics, not its whole state
+    np.testing.assert_allclose(last["throughput/tokens_per_second"], 8 * 8 / last["throughput/step_seconds"])
+    assert "throughput/mfu" not in last  # CPU: no peak FLOP/s known
+
+
+def test_mfu_metric_is_model_flops_over_peak(monkeypatch):
+    monkeypatch.setattr("ponente.trainer.trainer.device_peak_flops", lambda kind, dtype: 2e12)
+    fpt = MODEL.flops_per_token(Vocab.size)
+    logged = []
+    trainer = shared_trainer(flops_per_token=fpt, log_fn=lambda m, s: logged.append(m))
+    batch = make_batch(0)
+    trainer.train(trainer.initial_state(build), ((s, batch) for s in range(2)))
+    last = logged[-1]
+    hand = 3 * fpt * (8 * 8) / last["throughput/step_seconds"] / 2e12
+    assert last["throughput/mfu"] == pytest.approx(hand, rel=1e-9)
+
+
+def test_eval_loss_weights_batches_by_loss_tokens():
+    trainer = shared_trainer()
+    state = trainer.initial_state(build)
+    batches = [make_batch(3, batch_size=4), make_batch(4, batch_size=4)]
+    sums = [float(compute_next_token_loss(state.model, b, reduction="sum").array) for b in batches]
+    counts = [float(b.loss_mask.array.sum()) for b in batches]
+    assert counts[0] != counts[1]
+    assert trainer.eval_loss(state, batches) == pytest.approx(sum(sums) / sum(counts), rel=1e-5)
+
+
+def nan_loss(model, example, *, key):
+    return compute_next_token_loss(model, example, key=key) * jnp.nan
+
+
+def test_nan_loss_raises_with_the_step():
+    trainer = shared_trainer(nan=True)
+    batch = make_batch(0)
+    with pytest.raises(NonFiniteLossError, match=r"step 1: non-finite loss=nan"):
+        trainer.train(trainer.initial_state(build), ((s, batch) for s in range(5)))
+
+
+def test_nan_loss_is_logged_when_crash_on_nan_is_off(caplog):
+    trainer = shared_trainer(nan=True, crash_on_nan=False)
+    batch = make_batch(0)
+    with caplog.at_level(logging.ERROR, logger="ponente.trainer.trainer"):
+        state = trainer.train(trainer.initial_state(build), ((s, batch) for s in range(2)))
+    assert int(state.step) == 2
+    assert "step 2: non-finite loss=nan" in caplog.text
+
+
+def test_hooks_run_at_their_steps_and_once_at_the_end():
+    calls = {"every3": [], "every5": [], "each": []}
+    hooks = [
+        Hook(lambda info: calls["every3"].append((info.step, info.final)), every=3),
+        Hook(lambda info: calls["every5"].append((info.step, info.final)), every=5),
+        lambda info: calls["each"].append(int(info.state.step)),
+    ]
+    evals = []
+    trainer = shared_trainer(hooks=hooks)  # num_train_steps=10, steps_per_eval=4
+    batch = make_batch(0)
+    trainer.train(
+        trainer.initial_state(build),
+        ((s, batch) for s in range(100)),
+        eval_fn=lambda st: evals.append(int(st.step)) or 1.0,
+    )
+    assert calls["every3"] == [(3, False), (6, False), (9, False), (10, True)]
+    assert calls["every5"] == [(5, False), (10, False)]
+    assert calls["each"] == list(range(1, 11))
+    assert evals == [4, 8]
+
+
+def test_first_ctrl_c_stops_at_the_step_boundary():
+    def interrupt(info):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = shared_trainer(hooks=[Hook(interrupt, every=3)])
+    batch = make_batch(0)
+    state = trainer.train(trainer.initial_state(build), ((s, batch) for s in range(100)))
+    assert int(state.step) == 3
+    assert trainer.stop_requested is None  # reset for the next call
+    assert trainer.last_stop_reason == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_second_ctrl_c_raises_keyboard_interrupt():
+    def interrupt_twice(info):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = shared_trainer(hooks=[Hook(interrupt_twice, every=2)])
+    batch = make_batch(0)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(trainer.initial_state(build), ((s, batch) for s in range(100)))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_request_stop_from_a_hook():
+    trainer = shared_trainer()
+    trainer.hooks.append(Hook(lambda info: trainer.request_stop("SIGTERM"), every=2))
+    batch = make_batch(0)
+    assert int(trainer.train(trainer.initial_state(build), ((s, batch) for s in range(100))).step) == 2
+
+
+def test_loader_step_must_match_the_state():
+    trainer = shared_trainer()
+    batch = make_batch(0)
+    with pytest.raises(ValueError, match="batch for step 5, but the state is at step 0"):
+        trainer.train(trainer.initial_state(build), ((s, batch) for s in range(5, 10)))
+
+
+def test_batch_and_mesh_errors_name_the_keys():
+    with pytest.raises(ValueError, match=r"per_device_parallelism=3 x data axis size 1"):
+        Trainer(config(per_device_parallelism=3), optax.sgd(0.1), lm_loss)
+    with pytest.raises(ValueError, match=r"model_axis_size=2 does not divide the 1 devices"):
+        Trainer(config(model_axis_size=2), optax.sgd(0.1), lm_loss, devices=jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"trainer\.train_batch_size must be >= 1"):
+        config(train_batch_size=0)
+    trainer = shared_trainer()
+    with pytest.raises(ValueError, match=r"batch has 4 examples along axis 'batch'.*train_batch_size is 8"):
+        trainer.train_step(trainer.initial_state(build), make_batch(0, batch_size=4))
+
+
+def test_same_seed_same_bits():
+    batch = make_batch(0)
+    trainer = shared_trainer()
+
+    def run():
+        state = trainer.initial_state(build)
+        for _ in range(2):
+            state, _ = trainer.train_step(state, batch)
+        return [*leaves(state.model), np.asarray(state.training_key)]
+
+    first, second = run(), run()
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = trainer.initial_state(build, key=jax.random.PRNGKey(1))
+    assert not np.array_equal(leaves(other.model)[0], leaves(trainer.initial_state(build).model)[0])
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("per_device", [-1, 1])
+def test_data_parallel_on_eight_devices_equals_one_device(per_device):
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    batches = [make_batch(i, batch_size=16) for i in range(2)]
+
+    def run(devices, per_device):
+        trainer = Trainer(
+            config(train_batch_size=16, per_device_parallelism=per_device), optax.adam(1e-2), lm_loss, devices=devices
+        )
+        state = trainer.initial_state(build)
+        losses = []
+        for batch in batches:
+            state, metrics = trainer.train_step(state, trainer.shard_batch(batch))
+            losses.append(float(metrics["loss"]))
+        return losses, leaves(state.model), state
+
+    one_losses, one_params, _ = run(jax.devices()[:1], -1)
+    losses, params, state = run(jax.devices(), per_device)
+    np.testing.assert_allclose(losses, one_losses, rtol=1e-5)
+    for a, b in zip(params, one_params):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # parameters are stored FSDP: every array with an "embed" axis is split over "data" along it
+    named = jax.tree_util.tree_leaves(state.model, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+    with_embed = [x for x in named if isinstance(x, hax.NamedArray) and x.has_axis("embed")]
+    assert with_embed
+    for x in with_embed:
+        assert x.array.sharding.spec[x.axis_indices("embed")] == "data"
+
+
+@pytest.mark.multidevice
+def test_batch_must_divide_over_the_data_axis():
+    with pytest.raises(ValueError, match="train_batch_size=4 is not divisible by the data axis size 8"):
+        Trainer(config(train_batch_size=4), optax.sgd(0.1), lm_loss)
+    with pytest.raises(ValueError, match="model_axis_size=3 does not divide the 8 devices"):
+        Trainer(config(model_axis_size=3), optax.sgd(0.1), lm_loss)
