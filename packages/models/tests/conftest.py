@@ -1,19 +1,44 @@
-"""Shared helpers: tiny Hugging Face PyTorch models (transformers must be importable; tests fail without it)."""
+"""Shared helpers: tiny Hugging Face PyTorch models (transformers must be importable; tests fail without it), porting
+them in memory, a short training loop, and no network (``HF_HUB_OFFLINE=1``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
+
+import ponente.namedtensor as hax
+from ponente.models import LmExample, compute_next_token_loss, config_for_type
 
 
 @pytest.fixture(autouse=True)
 def _torch_seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may reach the Hugging Face Hub."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _port(hf_model: Any, **config_overrides: Any) -> Any:
+    """The ponente model with the architecture, config and weights of a transformers model (in memory, no files)."""
+    hf_config = hf_model.config.to_dict()
+    config = config_for_type(hf_config["model_type"]).from_hf_config(hf_config)
+    config = dataclasses.replace(config, **config_overrides)
+    template = config.build(hax.Axis("vocab", hf_config["vocab_size"]), key=jax.random.key(0))
+    state = {k: jnp.asarray(v.detach().numpy()) for k, v in hf_model.state_dict().items()}
+    return template.from_hf_state_dict(state)
 
 
 def _hf_logits(hf_model: Any, ids: np.ndarray) -> np.ndarray:
@@ -60,3 +85,35 @@ def tiny_gpt2() -> Callable[..., Any]:
 def tiny_llama() -> Callable[..., Any]:
     """``tiny_llama(**overrides)``: a random transformers Llama (vocab 97, 2 layers, width 32, 4 heads, 2 kv heads)."""
     return _tiny_llama
+
+
+@pytest.fixture
+def port() -> Callable[..., Any]:
+    """``port(hf_model, **config_overrides)``: our model with the config and weights of a transformers model."""
+    return _port
+
+
+def _train_losses(model: Any, ids: np.ndarray, steps: int = 5, lr: float = 1e-2) -> list[float]:
+    """The loss before and after each of ``steps`` optax.adamw steps on one fixed (batch, position) id array."""
+    example = LmExample.causal(hax.named(jnp.asarray(ids), ("batch", "position")))
+    opt = optax.adamw(lr)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    state = opt.init(params)
+
+    @eqx.filter_jit
+    def step(model: Any, state: Any) -> tuple[Any, Any, jax.Array]:
+        loss, grads = eqx.filter_value_and_grad(lambda m: compute_next_token_loss(m, example).scalar())(model)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), state, loss
+
+    losses = []
+    for _ in range(steps + 1):
+        model, state, loss = step(model, state)
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.fixture
+def train_losses() -> Callable[..., list[float]]:
+    """``train_losses(model, ids, steps=5, lr=1e-2)``: losses of a few optax.adamw steps on one batch."""
+    return _train_losses

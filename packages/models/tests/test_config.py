@@ -8,9 +8,19 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ponente.namedtensor as hax
-from ponente.models import Gpt2Config, LlamaConfig, LmConfig, config_for_type, register_config, registered_types
+from ponente.models import (
+    Gpt2Config,
+    LlamaConfig,
+    LmConfig,
+    config_for_type,
+    padded_vocab_size,
+    register_config,
+    registered_types,
+)
 
 
 def test_registry() -> None:
@@ -88,6 +98,16 @@ def _dot_flops(jaxpr: Any) -> float:
     [
         Gpt2Config(seq_len=16, hidden_dim=32, intermediate_dim=128, num_layers=3, num_heads=4, num_kv_heads=4),
         LlamaConfig(seq_len=16, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2),
+        LlamaConfig(
+            seq_len=16,
+            hidden_dim=32,
+            intermediate_dim=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            vocab_padding_multiple=64,
+            qk_norm=True,
+        ),
     ],
 )
 def test_flops_per_token_matches_counted_matmuls(cfg: LmConfig) -> None:
@@ -97,3 +117,51 @@ def test_flops_per_token_matches_counted_matmuls(cfg: LmConfig) -> None:
     jaxpr = jax.make_jaxpr(lambda m: m(ids).array)(model)
     counted = _dot_flops(jaxpr.jaxpr) / cfg.seq_len
     assert cfg.flops_per_token(97) == pytest.approx(counted, rel=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 10**6), st.integers(1, 4096))
+def test_padded_vocab_size_is_the_next_multiple(vocab_size: int, multiple: int) -> None:
+    padded = padded_vocab_size(vocab_size, multiple)
+    assert padded % multiple == 0
+    assert vocab_size <= padded < vocab_size + multiple
+    # naive reference: count up
+    naive = vocab_size
+    while naive % multiple:
+        naive += 1
+    assert padded == naive
+
+
+def test_padding_and_backend_fields() -> None:
+    base = {"seq_len": 8, "hidden_dim": 16, "intermediate_dim": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2}
+    cfg = LlamaConfig(**base, vocab_padding_multiple=8)
+    assert cfg.padded_vocab(hax.Axis("vocab", 11)) == hax.Axis("vocab", 16)
+    assert cfg.param_count(11) == LlamaConfig(**base).param_count(16)
+    assert cfg.flops_per_token(11) == LlamaConfig(**base).flops_per_token(16)
+    assert (LlamaConfig(**base).attn_backend, LlamaConfig(**base).flash_attention_block_size) == ("reference", 128)
+    with pytest.raises(ValueError, match="vocab_padding_multiple"):
+        LlamaConfig(**base, vocab_padding_multiple=0)
+    with pytest.raises(ValueError, match=r"attn_backend 'pallas'.*reference"):
+        LlamaConfig(**base, attn_backend="pallas")
+    with pytest.raises(ValueError, match="flash_attention_block_size"):
+        Gpt2Config(**base, flash_attention_block_size=0)
+    with pytest.raises(ValueError, match="multiple=0"):
+        padded_vocab_size(5, 0)
+
+
+def test_register_aliases() -> None:
+    @register_config("m2_test_primary", aliases=("m2_test_alias",))
+    @dataclasses.dataclass(frozen=True)
+    class AliasConfig(LlamaConfig):
+        pass
+
+    assert config_for_type("m2_test_alias") is AliasConfig
+    assert config_for_type("m2_test_primary") is AliasConfig
+    assert AliasConfig.model_type == "m2_test_primary"
+    assert "m2_test_primary" in registered_types()
+    assert "m2_test_alias" not in registered_types()
+    other = dataclasses.make_dataclass("OtherAlias", [], bases=(LlamaConfig,), frozen=True)
+    with pytest.raises(ValueError, match=r"'m2_test_alias' is already registered to .*AliasConfig"):
+        register_config("m2_test_fresh", aliases=("m2_test_alias",))(other)
+    with pytest.raises(KeyError, match="m2_test_fresh"):
+        config_for_type("m2_test_fresh")  # a failed registration registers nothing

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
 
 import ponente.namedtensor as hax
-from ponente.models import Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel
+from ponente.models import Gpt2LMHeadModel, LlamaConfig, LlamaLMHeadModel, LmExample, compute_next_token_loss
 from ponente.models.hf import load_pretrained, save_pretrained
 
 TOL = 1e-4
@@ -74,12 +77,31 @@ def test_llama_import_matches_transformers(
     np.testing.assert_allclose(_ours(model, ids), hf_logits(hf, ids), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "llama_tied"])
-@pytest.mark.parametrize("max_shard_size", [5 * 1024**3, 20_000])
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8}
+
+
+@pytest.mark.parametrize(
+    ("arch", "max_shard_size"),
+    [
+        ("gpt2", 5 * 1024**3),
+        ("gpt2", 20_000),
+        ("gpt2_options", 20_000),
+        ("llama", 5 * 1024**3),
+        ("llama", 20_000),
+        ("llama_tied", 20_000),
+        ("llama_yarn", 5 * 1024**3),
+    ],
+)
 def test_export_loads_in_transformers_and_round_trips_bitwise(
     tmp_path: Path, arch: str, max_shard_size: int, tiny_gpt2: Any, tiny_llama: Any, hf_logits: Any
 ) -> None:
-    hf = {"gpt2": tiny_gpt2, "llama": tiny_llama, "llama_tied": lambda: tiny_llama(tie_word_embeddings=True)}[arch]()
+    hf = {
+        "gpt2": tiny_gpt2,
+        "gpt2_options": lambda: tiny_gpt2(scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True),
+        "llama": tiny_llama,
+        "llama_tied": lambda: tiny_llama(tie_word_embeddings=True),
+        "llama_yarn": lambda: tiny_llama(rope_parameters=dict(YARN), initializer_range=0.2),
+    }[arch]()
     hf.save_pretrained(tmp_path / "hf")
     model = load_pretrained(tmp_path / "hf")
     save_pretrained(model, tmp_path / "ours", max_shard_size=max_shard_size)
@@ -122,9 +144,98 @@ def test_dtype_argument_casts_parameters(tmp_path: Path, tiny_llama: Any) -> Non
     assert model.to_hf_state_dict()["model.norm.weight"].dtype.name == "bfloat16"
 
 
-def test_hub_id_fails_with_clear_message() -> None:
-    with pytest.raises(FileNotFoundError, match=r"meta-llama/Llama-3\.2-1B.*not a local directory"):
-        load_pretrained("meta-llama/Llama-3.2-1B")
+def test_hub_id_offline_fails_with_clear_message() -> None:
+    # conftest sets HF_HUB_OFFLINE=1 for every test
+    with pytest.raises(FileNotFoundError, match=r"'no-such-org/no-such' is not a local directory.*HF_HUB_OFFLINE"):
+        load_pretrained("no-such-org/no-such")
+    with pytest.raises(FileNotFoundError, match=r"nor a Hugging Face Hub id"):
+        load_pretrained("a/b/c/not-a-repo")
+
+
+def test_hub_id_without_huggingface_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    with pytest.raises(ImportError, match=r"'fake-org/fake'.*huggingface_hub.*ponente-models\[hf\]"):
+        load_pretrained("fake-org/fake")
+
+
+def test_hub_id_download_failure_and_success(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_gpt2: Any, hf_logits: Any
+) -> None:
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    calls: list[tuple[str, str | None]] = []
+
+    def unreachable(repo_id: str, *, revision: str | None = None, allow_patterns: Any = None) -> str:
+        calls.append((repo_id, revision))
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    with pytest.raises(FileNotFoundError, match=r"could not download 'fake-org/fake' \(revision v1\).*OSError"):
+        load_pretrained("fake-org/fake", revision="v1")
+    assert calls == [("fake-org/fake", "v1")]
+
+    hf = tiny_gpt2()
+    hf.save_pretrained(tmp_path)
+
+    def local(repo_id: str, *, revision: str | None = None, allow_patterns: Any = None) -> str:
+        assert "config.json" in allow_patterns
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", local)
+    model = load_pretrained("fake-org/fake")
+    ids = _ids()
+    np.testing.assert_allclose(_ours(model, ids), hf_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_vocab_padding_masks_logits_and_exports_unpadded(tmp_path: Path, tiny_llama: Any, hf_logits: Any) -> None:
+    hf = tiny_llama(initializer_range=0.2)
+    hf.save_pretrained(tmp_path / "hf")
+    plain = load_pretrained(tmp_path / "hf")
+    padded = load_pretrained(tmp_path / "hf", pad_vocab_to_multiple=64)
+    assert isinstance(padded, LlamaLMHeadModel)
+    assert padded.lm_head is not None
+    assert (padded.Vocab.size, padded.vocab_size, padded.config.vocab_padding_multiple) == (128, 97, 64)
+    state = padded.to_hf_state_dict()
+    assert state["model.embed_tokens.weight"].shape == state["lm_head.weight"].shape == (128, 32)
+    assert not state["lm_head.weight"][97:].any()  # padded rows load as zeros
+    # even with large padded output rows, masking keeps padded entries out of the softmax and the argmax
+    head = padded.lm_head.weight
+    big = hax.where(hax.arange(padded.Vocab) >= 97, 5.0, head)
+    padded = dataclasses.replace(padded, lm_head=dataclasses.replace(padded.lm_head, weight=big))
+    ids = _ids()
+    lp, lq = _ours(plain, ids), _ours(padded, ids)
+    np.testing.assert_allclose(lq[..., :97], lp, atol=1e-5, rtol=0)  # a wider matmul may round differently
+    np.testing.assert_allclose(lp, hf_logits(hf, ids), atol=TOL, rtol=0)
+    assert (lq[..., 97:] == np.finfo(np.float32).min).all()
+    assert lq.argmax(-1).max() < 97
+    example = LmExample.causal(hax.named(jnp.asarray(ids), ("batch", "position")))
+    loss_plain = float(compute_next_token_loss(plain, example).scalar())
+    loss_padded = float(compute_next_token_loss(padded, example).scalar())
+    assert np.isfinite(loss_padded)
+    assert loss_padded == pytest.approx(loss_plain, rel=1e-6)
+    # export drops the padding: transformers loads it and the weights are the original ones, bit for bit
+    save_pretrained(padded, tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["vocab_size"] == 97
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    torch_state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    for name, value in reloaded.state_dict().items():
+        np.testing.assert_array_equal(value.detach().numpy(), torch_state[name], err_msg=name)
+    # an explicit vocab_size exports fewer rows; an impossible one is an error
+    save_pretrained(plain, tmp_path / "small", vocab_size=90)
+    assert load_pretrained(tmp_path / "small").Vocab.size == 90
+    with pytest.raises(ValueError, match=r"vocab_size must be in 1\.\.97"):
+        save_pretrained(plain, tmp_path / "big", vocab_size=98)
+
+
+def test_config_overrides(tmp_path: Path, tiny_llama: Any) -> None:
+    tiny_llama().save_pretrained(tmp_path)
+    model = load_pretrained(tmp_path, config_overrides={"gradient_checkpointing": True, "attn_backend": "flash"})
+    assert model.config.gradient_checkpointing is True
+    assert model.config.attn_backend == "flash"
+    with pytest.raises(ValueError, match=r"\['no_such_field'\] are not fields of LlamaConfig"):
+        load_pretrained(tmp_path, config_overrides={"no_such_field": 1})
 
 
 def test_missing_weights_and_unknown_type(tmp_path: Path, tiny_gpt2: Any) -> None:

@@ -4,37 +4,53 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import ponente.namedtensor as hax
-from ponente.namedtensor import Axis
+from ponente.namedtensor import Axis, NamedArray
+
+from .attention import ATTENTION_BACKENDS
 
 if TYPE_CHECKING:
     from .lm import LmHeadModel
 
-__all__ = ["LmConfig", "config_for_type", "lm_flops_per_token", "register_config", "registered_types"]
+__all__ = [
+    "LmConfig",
+    "config_for_type",
+    "lm_flops_per_token",
+    "mask_padded_vocab",
+    "padded_vocab_size",
+    "register_config",
+    "registered_types",
+]
 
 C = TypeVar("C", bound="type[LmConfig]")
 
 _REGISTRY: dict[str, type[LmConfig]] = {}
 
 
-def register_config(type_name: str) -> Callable[[C], C]:
+_ALIASES: dict[str, str] = {}
+
+
+def register_config(type_name: str, *, aliases: Sequence[str] = ()) -> Callable[[C], C]:
     """Class decorator registering an :class:`LmConfig` subclass under ``type_name`` (the ``type:`` key of a config).
 
     Args:
         type_name: the registry key, e.g. ``"gpt2"``; also the Hugging Face ``model_type``.
+        aliases: other names :func:`config_for_type` resolves to the same class (e.g. a Hugging Face
+            ``model_type`` that differs from ``type_name``); they are not listed by :func:`registered_types`.
 
     Returns:
         The decorator (it returns the class unchanged, with ``model_type`` set).
 
     Raises:
-        ValueError: if another class is already registered under ``type_name``.
+        ValueError: if another class is already registered under ``type_name`` or one of ``aliases``.
 
     Example:
         >>> from ponente.models import config_for_type
@@ -43,14 +59,16 @@ def register_config(type_name: str) -> Callable[[C], C]:
     """
 
     def register(cls: C) -> C:
-        existing = _REGISTRY.get(type_name)
-        if existing is not None and existing is not cls:
-            raise ValueError(
-                f"register_config: type {type_name!r} is already registered to {existing.__qualname__}, "
-                f"cannot register {cls.__qualname__}"
-            )
+        for name in (type_name, *aliases):
+            existing = _REGISTRY.get(_ALIASES.get(name, name))
+            if existing is not None and existing is not cls:
+                raise ValueError(
+                    f"register_config: type {name!r} is already registered to {existing.__qualname__}, "
+                    f"cannot register {cls.__qualname__}"
+                )
         cls.model_type = type_name
         _REGISTRY[type_name] = cls
+        _ALIASES.update(dict.fromkeys(aliases, type_name))
         return cls
 
     return register
@@ -60,7 +78,7 @@ def config_for_type(type_name: str) -> type[LmConfig]:
     """The config class registered under ``type_name``.
 
     Args:
-        type_name: the registry key (e.g. ``"llama"``).
+        type_name: the registry key (e.g. ``"llama"``) or an alias.
 
     Returns:
         The config class.
@@ -69,7 +87,7 @@ def config_for_type(type_name: str) -> type[LmConfig]:
         KeyError: if nothing is registered under ``type_name`` (the message lists the known types).
     """
     try:
-        return _REGISTRY[type_name]
+        return _REGISTRY[_ALIASES.get(type_name, type_name)]
     except KeyError:
         raise KeyError(
             f"no model config registered for type {type_name!r}; known types: {registered_types()}"
@@ -79,6 +97,68 @@ def config_for_type(type_name: str) -> type[LmConfig]:
 def registered_types() -> list[str]:
     """The sorted list of registered config types."""
     return sorted(_REGISTRY)
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``multiple`` (so the vocabulary axis shards evenly).
+
+    Args:
+        vocab_size: the real vocabulary size (positive).
+        multiple: the padding multiple (positive; 1 means no padding).
+
+    Returns:
+        The smallest multiple of ``multiple`` that is at least ``vocab_size``.
+
+    Raises:
+        ValueError: if either argument is not positive.
+
+    Example:
+        >>> padded_vocab_size(50257, 128), padded_vocab_size(256, 128), padded_vocab_size(97, 1)
+        (50304, 256, 97)
+    """
+    if vocab_size <= 0 or multiple <= 0:
+        raise ValueError(
+            f"padded_vocab_size: vocab_size and multiple must be positive, got vocab_size={vocab_size}, "
+            f"multiple={multiple}"
+        )
+    return -(-vocab_size // multiple) * multiple
+
+
+def mask_padded_vocab(logits: NamedArray, Vocab: Axis, vocab_size: int | None) -> NamedArray:
+    """``logits`` with the padded vocabulary entries (index ``>= vocab_size``) set to the dtype's most negative value.
+
+    The value is finite, so masked entries contribute exactly nothing to a softmax or ``logsumexp``,
+    never win an argmax, and multiplying them by a zero one-hot target gives 0 (not NaN).
+
+    Args:
+        logits: floating logits with the ``Vocab`` axis.
+        Vocab: the (padded) vocabulary axis.
+        vocab_size: the number of real entries (None, or at least ``Vocab.size``: nothing is masked).
+
+    Returns:
+        The masked logits (same axes and dtype).
+
+    Example:
+        >>> import ponente.namedtensor as hax
+        >>> V = hax.Axis("vocab", 4)
+        >>> out = mask_padded_vocab(hax.zeros(V), V, 3).array
+        >>> out[:3].tolist(), bool(out[3] < -1e38)
+        ([0.0, 0.0, 0.0], True)
+    """
+    if vocab_size is None or vocab_size >= Vocab.size:
+        return logits
+    axis = logits.axis_indices(Vocab.name)
+    shape = [1] * logits.ndim
+    shape[axis] = Vocab.size
+    valid = (jnp.arange(Vocab.size) < vocab_size).reshape(shape)
+    return NamedArray(jnp.where(valid, logits.array, jnp.finfo(logits.dtype).min), logits.axes)
+
+
+def _real_vocab_rows(weight: NamedArray, Vocab: Axis, vocab_size: int | None) -> NamedArray:
+    """``weight`` restricted to the first ``vocab_size`` entries of ``Vocab`` (all of them if None)."""
+    if vocab_size is None or vocab_size >= Vocab.size:
+        return weight
+    return weight[Vocab.name, :vocab_size]
 
 
 def lm_flops_per_token(
@@ -136,6 +216,12 @@ class LmConfig(abc.ABC):
         num_kv_heads: key/value heads (``num_heads`` for multi-head attention, 1 for MQA).
         head_dim: the size of one head (None: ``hidden_dim // num_heads``).
         gradient_checkpointing: the ``Stacked`` checkpointing policy (see ``hax.nn.ScanCheckpointPolicy``).
+        attn_backend: the attention kernel, one of ``ponente.models.ATTENTION_BACKENDS`` (``"reference"``: materialized
+            scores; ``"flash"``: blockwise, never materializing the full score matrix).
+        flash_attention_block_size: the query/key block size of the ``"flash"`` backend.
+        vocab_padding_multiple: ``build(Vocab)`` pads the vocabulary axis to a multiple of this (1: no padding);
+            logits of padded entries are the dtype's most negative value, so they never win and add nothing
+            to the softmax, and Hugging Face export drops them.
     """
 
     model_type: ClassVar[str] = ""
@@ -150,8 +236,22 @@ class LmConfig(abc.ABC):
     num_kv_heads: int = 12
     head_dim: int | None = None
     gradient_checkpointing: bool | str = False
+    attn_backend: str = "reference"
+    flash_attention_block_size: int = 128
+    vocab_padding_multiple: int = 1
 
     def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.attn_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"{name}: attn_backend {self.attn_backend!r} is not supported; expected one of {ATTENTION_BACKENDS}"
+            )
+        if self.flash_attention_block_size <= 0:
+            raise ValueError(
+                f"{name}: flash_attention_block_size must be positive, got {self.flash_attention_block_size}"
+            )
+        if self.vocab_padding_multiple <= 0:
+            raise ValueError(f"{name}: vocab_padding_multiple must be positive, got {self.vocab_padding_multiple}")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"{type(self).__name__}: num_heads ({self.num_heads}) must be a multiple of "
@@ -209,6 +309,17 @@ class LmConfig(abc.ABC):
         """The stacked-layers axis ``layers``."""
         return Axis("layers", self.num_layers)
 
+    def padded_vocab(self, Vocab: Axis) -> Axis:
+        """``Vocab`` padded to a multiple of ``vocab_padding_multiple`` (the axis the built model's logits have).
+
+        Args:
+            Vocab: the real vocabulary axis.
+
+        Returns:
+            The padded axis (same name).
+        """
+        return Axis(Vocab.name, padded_vocab_size(Vocab.size, self.vocab_padding_multiple))
+
     # interface -------------------------------------------------------------------------------------
     @abc.abstractmethod
     def build(self, Vocab: Axis, *, key: jax.Array) -> LmHeadModel:
@@ -229,7 +340,8 @@ class LmConfig(abc.ABC):
         output projection) share this count; others override it.
 
         Args:
-            vocab_size: the vocabulary size.
+            vocab_size: the real vocabulary size (the count uses it padded to ``vocab_padding_multiple``, as the
+                model computes the padded logits).
 
         Returns:
             FLOPs per token.
@@ -242,7 +354,7 @@ class LmConfig(abc.ABC):
             num_kv_heads=self.num_kv_heads,
             head_size=self.HeadSize.size,
             seq_len=self.seq_len,
-            vocab_size=vocab_size,
+            vocab_size=padded_vocab_size(vocab_size, self.vocab_padding_multiple),
             glu=self.glu_mlp,
         )
 

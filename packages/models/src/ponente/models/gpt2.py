@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, Stacked
+from ponente.namedtensor.nn import attention as hattn
 
-from .attention import AttentionMask, dot_product_attention
-from .config import LmConfig, _require, register_config
+from .attention import KEY_POSITION, AttentionMask, attention
+from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
 from .lm import LmHeadModel
 
 __all__ = ["Gpt2Config", "Gpt2LMHeadModel"]
@@ -29,6 +30,16 @@ class Gpt2Config(LmConfig):
     Attributes:
         layer_norm_epsilon: LayerNorm epsilon.
         initializer_range: standard deviation of the embedding initialization.
+        embed_pdrop: dropout after the token + position embeddings (HF ``embd_pdrop``).
+        resid_pdrop: dropout on the attention and MLP outputs before each residual add.
+        attn_pdrop: dropout on the attention probabilities (``"reference"`` backend only).
+        scale_attn_weights: divide the attention scores by ``sqrt(head_size)``.
+        scale_attn_by_inverse_layer_idx: also divide the scores of layer ``i`` (from 0) by ``i + 1`` (a
+            stability option for deep models).
+        upcast_attn: compute the attention scores and softmax in float32 whatever the compute dtype (HF
+            ``reorder_and_upcast_attn``).
+
+    Dropout is applied only when the model is called with a ``key``; without one the model is deterministic.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -42,6 +53,12 @@ class Gpt2Config(LmConfig):
 
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
+    embed_pdrop: float = 0.0
+    resid_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    upcast_attn: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,6 +66,15 @@ class Gpt2Config(LmConfig):
             raise ValueError(
                 f"Gpt2Config: GPT-2 has no grouped-query attention; num_kv_heads ({self.num_kv_heads}) must equal "
                 f"num_heads ({self.num_heads})"
+            )
+        for name in ("embed_pdrop", "resid_pdrop", "attn_pdrop"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"Gpt2Config: {name} must be in [0, 1), got {getattr(self, name)}")
+        if self.attn_backend != "reference" and (self.attn_pdrop > 0 or self.upcast_attn):
+            raise ValueError(
+                f"Gpt2Config: attn_backend={self.attn_backend!r} does not materialize attention probabilities, so "
+                f"attn_pdrop ({self.attn_pdrop}) must be 0 and upcast_attn ({self.upcast_attn}) False; "
+                "use attn_backend='reference' for them"
             )
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
@@ -70,8 +96,12 @@ class Gpt2Config(LmConfig):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "initializer_range": self.initializer_range,
             "tie_word_embeddings": True,
-            "scale_attn_by_inverse_layer_idx": False,
-            "reorder_and_upcast_attn": False,
+            "embd_pdrop": self.embed_pdrop,
+            "resid_pdrop": self.resid_pdrop,
+            "attn_pdrop": self.attn_pdrop,
+            "scale_attn_weights": self.scale_attn_weights,
+            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
+            "reorder_and_upcast_attn": self.upcast_attn,
         }
 
     @classmethod
@@ -86,8 +116,8 @@ class Gpt2Config(LmConfig):
         act = hf_config.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"{where}: activation_function {act!r} is not supported (expected 'gelu_new')")
-        if hf_config.get("scale_attn_by_inverse_layer_idx") or hf_config.get("reorder_and_upcast_attn"):
-            raise ValueError(f"{where}: scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported yet")
+        if hf_config.get("tie_word_embeddings", True) is False:
+            raise ValueError(f"{where}: tie_word_embeddings=false is not supported (GPT-2 ties its output embedding)")
         hidden = int(_require(hf_config, "n_embd", where))
         heads = int(_require(hf_config, "n_head", where))
         inner = hf_config.get("n_inner")
@@ -100,14 +130,34 @@ class Gpt2Config(LmConfig):
             num_kv_heads=heads,
             layer_norm_epsilon=float(hf_config.get("layer_norm_epsilon", 1e-5)),
             initializer_range=float(hf_config.get("initializer_range", 0.02)),
+            embed_pdrop=float(hf_config.get("embd_pdrop", 0.0)),
+            resid_pdrop=float(hf_config.get("resid_pdrop", 0.0)),
+            attn_pdrop=float(hf_config.get("attn_pdrop", 0.0)),
+            scale_attn_weights=bool(hf_config.get("scale_attn_weights", True)),
+            scale_attn_by_inverse_layer_idx=bool(hf_config.get("scale_attn_by_inverse_layer_idx", False)),
+            upcast_attn=bool(hf_config.get("reorder_and_upcast_attn", False)),
         )
 
 
+def _dropout(x: NamedArray, pdrop: float, key: jax.Array | None) -> NamedArray:
+    """Dropout when a key is given and ``pdrop > 0``, else the identity."""
+    if key is None or pdrop == 0.0:
+        return x
+    return hax.nn.dropout(x, pdrop, inference=False, key=key)
+
+
 class Gpt2Attention(eqx.Module):
-    """Causal self-attention with a fused ``c_attn`` (Q, K, V) projection and ``c_proj`` output projection."""
+    """Causal self-attention with a fused ``c_attn`` (Q, K, V) projection and ``c_proj`` output projection.
+
+    Attributes:
+        c_attn: ``Embed -> (qkv, Heads, HeadSize)``.
+        c_proj: ``(Heads, HeadSize) -> Embed``.
+        config: the config (static): scaling, upcasting, dropout and backend options.
+    """
 
     c_attn: Linear
     c_proj: Linear
+    config: Gpt2Config = eqx.field(static=True)
 
     @staticmethod
     def init(config: Gpt2Config, *, key: jax.Array) -> Gpt2Attention:
@@ -117,15 +167,83 @@ class Gpt2Attention(eqx.Module):
         return Gpt2Attention(
             c_attn=Linear.init(config.Embed, (Qkv, config.Heads, config.HeadSize), key=k1),
             c_proj=Linear.init((config.Heads, config.HeadSize), config.Embed, key=k2),
+            config=config,
         )
 
-    def __call__(self, x: NamedArray, mask: AttentionMask | NamedArray | None) -> NamedArray:
-        """Attend over ``position``; ``x`` is ``(..., position, embed)``."""
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        layer_idx: NamedArray | int = 0,
+        *,
+        key: jax.Array | None = None,
+    ) -> NamedArray:
+        """Attend over ``position``.
+
+        Args:
+            x: ``(..., position, embed)``.
+            mask: the attention mask.
+            layer_idx: this block's index in the stack (a scalar, traced inside the layer scan); used by
+                ``scale_attn_by_inverse_layer_idx``.
+            key: PRNG key for attention and residual dropout (None: no dropout).
+
+        Returns:
+            ``(..., position, embed)``.
+        """
+        cfg = self.config
         Pos = x.resolve_axis("position")
         qkv = self.c_attn(x)
         HeadSize = qkv.resolve_axis("head_size")
         q, k, v = (qkv["qkv", i] for i in range(3))
-        return self.c_proj(dot_product_attention(Pos, HeadSize, q, k, v, mask))
+        scale = HeadSize.size**-0.5 if cfg.scale_attn_weights else 1.0
+        if cfg.scale_attn_by_inverse_layer_idx:
+            # scaling q scales the scores; layer_idx is traced in the scan, so it cannot be a static factor
+            index = layer_idx.array if isinstance(layer_idx, NamedArray) else layer_idx
+            q = q / (jnp.asarray(index) + 1).astype(q.dtype)
+        k_attn, k_resid = (None, None) if key is None else jax.random.split(key)
+        if cfg.upcast_attn or (cfg.attn_pdrop > 0 and k_attn is not None):
+            out = _materialized_attention(Pos, HeadSize, q, k, v, mask, scale, cfg, k_attn)
+        else:
+            out = attention(
+                Pos,
+                HeadSize,
+                q,
+                k,
+                v,
+                mask,
+                scaling_factor=scale,
+                backend=cfg.attn_backend,
+                block_size=cfg.flash_attention_block_size,
+            )
+        return _dropout(self.c_proj(out), cfg.resid_pdrop, k_resid)
+
+
+def _materialized_attention(
+    Pos: Axis,
+    HeadSize: Axis,
+    q: NamedArray,
+    k: NamedArray,
+    v: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    scale: float,
+    cfg: Gpt2Config,
+    key: jax.Array | None,
+) -> NamedArray:
+    """Reference attention with GPT-2's extras: float32 scores (``upcast_attn``) and dropout on the probabilities."""
+    KPos = Pos.alias(KEY_POSITION)
+    k, v = k.rename({Pos.name: KPos.name}), v.rename({Pos.name: KPos.name})
+    explicit = mask.materialize(Pos, KPos) if isinstance(mask, AttentionMask) else mask
+    weights = hattn.dot_product_attention_weights(
+        HeadSize,
+        KPos,
+        q,
+        k,
+        explicit,
+        attention_dtype=jnp.float32 if cfg.upcast_attn else None,
+        scaling_factor=scale,
+    )
+    weights = _dropout(weights, cfg.attn_pdrop, key)
+    return hax.dot(weights, v, axis=KPos.name)
 
 
 class Gpt2Mlp(eqx.Module):
@@ -161,10 +279,27 @@ class Gpt2Block(eqx.Module):
             ),
         )
 
-    def __call__(self, x: NamedArray, mask: AttentionMask | NamedArray | None) -> NamedArray:
-        """Apply the block to ``(..., position, embed)``."""
-        x = x + self.attn(self.ln_1(x), mask)
-        return x + self.mlp(self.ln_2(x))
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        layer_idx: NamedArray | int = 0,
+        key: jax.Array | None = None,
+    ) -> NamedArray:
+        """Apply the block to ``(..., position, embed)``.
+
+        Args:
+            x: the residual stream.
+            mask: the attention mask.
+            layer_idx: this block's index in the stack.
+            key: PRNG key for dropout (None: no dropout).
+
+        Returns:
+            The updated residual stream.
+        """
+        k_attn, k_mlp = (None, None) if key is None else jax.random.split(key)
+        x = x + self.attn(self.ln_1(x), mask, layer_idx, key=k_attn)
+        return x + _dropout(self.mlp(self.ln_2(x)), self.attn.config.resid_pdrop, k_mlp)
 
 
 class Gpt2Transformer(eqx.Module):
@@ -182,12 +317,16 @@ class Gpt2LMHeadModel(LmHeadModel):
     Attributes:
         transformer: the embeddings, blocks and final norm.
         config: the config (static).
+        vocab_size: the real vocabulary size when the vocabulary axis is padded (``config.vocab_padding_multiple``);
+            logits of the padded entries are masked (static).
     """
 
     transformer: Gpt2Transformer
     config: Gpt2Config = eqx.field(static=True)
+    vocab_size: int | None = eqx.field(static=True, default=None)
 
     _hf_transposed_suffixes: ClassVar[tuple[str, ...]] = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
+    _hf_vocab_keys: ClassVar[tuple[str, ...]] = ("transformer.wte.weight",)
 
     @staticmethod
     def init(config: Gpt2Config, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
@@ -195,7 +334,7 @@ class Gpt2LMHeadModel(LmHeadModel):
 
         Args:
             config: the config.
-            Vocab: the vocabulary axis.
+            Vocab: the (real) vocabulary axis; the model's is padded to ``config.vocab_padding_multiple``.
             key: the PRNG key.
 
         Returns:
@@ -207,17 +346,56 @@ class Gpt2LMHeadModel(LmHeadModel):
             config, key=jax.random.split(k_blocks, config.num_layers)
         )
         transformer = Gpt2Transformer(
-            wte=Embedding.init(Vocab, config.Embed, key=k_wte, initializer_range=std),
+            wte=Embedding.init(config.padded_vocab(Vocab), config.Embed, key=k_wte, initializer_range=std),
             wpe=Embedding.init(Axis("n_positions", config.seq_len), config.Embed, key=k_wpe, initializer_range=std),
             h=blocks,
             ln_f=LayerNorm.init(config.Embed, eps=config.layer_norm_epsilon),
         )
-        return Gpt2LMHeadModel(transformer=transformer, config=config)
+        return Gpt2LMHeadModel(transformer=transformer, config=config, vocab_size=Vocab.size)
 
     @property
     def Vocab(self) -> Axis:
-        """The vocabulary axis."""
+        """The vocabulary axis of the logits (padded if ``config.vocab_padding_multiple > 1``)."""
         return self.transformer.wte.Vocab
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+    ) -> NamedArray:
+        """The final hidden states ``(..., position, embed)``, before the output projection.
+
+        Args:
+            input_ids: integer ids ``(..., position)``.
+            attn_mask: the attention mask (None: causal).
+            key: PRNG key for dropout (None: deterministic).
+
+        Returns:
+            The hidden states after ``ln_f``.
+
+        Raises:
+            ValueError: if the sequence is longer than ``config.seq_len``.
+        """
+        Pos = input_ids.resolve_axis("position")
+        if Pos.size > self.config.seq_len:
+            raise ValueError(
+                f"Gpt2LMHeadModel: the 'position' axis has size {Pos.size}, more than seq_len={self.config.seq_len}"
+            )
+        k_embed, k_layers = (None, None) if key is None else jax.random.split(key)
+        mask = AttentionMask.causal() if attn_mask is None else attn_mask
+        positions = hax.arange(Pos, dtype=jnp.int32)
+        x = self.transformer.wte.embed(input_ids) + self.transformer.wpe.embed(positions)
+        x = _dropout(x, self.config.embed_pdrop, k_embed)
+        layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
+        layer_keys = None if k_layers is None else jax.random.split(k_layers, self.config.num_layers)
+        x = self.transformer.h.fold(x, mask, layer_ids, layer_keys)
+        return self.transformer.ln_f(x)
+
+    def get_lm_head(self) -> NamedArray:
+        """The output projection ``(vocab, embed)``: the token embedding (tied), without padded vocabulary rows."""
+        return _real_vocab_rows(self.transformer.wte.weight, self.Vocab, self.vocab_size)
 
     def __call__(
         self,
@@ -228,18 +406,16 @@ class Gpt2LMHeadModel(LmHeadModel):
     ) -> NamedArray:
         """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
 
+        Args:
+            input_ids: integer ids ``(..., position)``.
+            attn_mask: the attention mask (None: causal).
+            key: PRNG key for dropout (None: deterministic).
+
+        Returns:
+            The logits; padded vocabulary entries hold the dtype's most negative value.
+
         Raises:
             ValueError: if the sequence is longer than ``config.seq_len``.
         """
-        del key
-        Pos = input_ids.resolve_axis("position")
-        if Pos.size > self.config.seq_len:
-            raise ValueError(
-                f"Gpt2LMHeadModel: the 'position' axis has size {Pos.size}, more than seq_len={self.config.seq_len}"
-            )
-        mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        positions = hax.arange(Pos, dtype=jnp.int32)
-        x = self.transformer.wte.embed(input_ids) + self.transformer.wpe.embed(positions)
-        x = self.transformer.h.fold(x, mask)
-        x = self.transformer.ln_f(x)
-        return self.transformer.wte.unembed(x)
+        logits = self.transformer.wte.unembed(self.activations(input_ids, attn_mask, key=key))
+        return mask_padded_vocab(logits, self.Vocab, self.vocab_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import equinox as eqx
 import jax
@@ -12,13 +12,14 @@ import jax
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, Linear, RmsNorm, Stacked
+from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
-from .attention import Attention, AttentionMask
-from .config import LmConfig, _require, register_config
+from .attention import Attention, AttentionMask, attention
+from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
 from .lm import LmHeadModel
-from .rotary import RotaryConfig
+from .rotary import RotaryConfig, apply_rotary
 
-__all__ = ["LlamaConfig", "LlamaLMHeadModel"]
+__all__ = ["LlamaConfig", "LlamaLMHeadModel", "QkNormAttention"]
 
 
 @register_config("llama")
@@ -31,6 +32,9 @@ class LlamaConfig(LmConfig):
         layer_norm_epsilon: RMSNorm epsilon (``rms_norm_eps``).
         tie_word_embeddings: share the output projection with the token embedding.
         initializer_range: standard deviation of the embedding initialization.
+        qk_norm: RMS-normalize queries and keys over ``head_size`` (learned scale, no bias) after the
+            projections and before the rotary embedding, as Qwen3 and OLMo2 do. Hugging Face Llama has no
+            QK-norm, so such a config cannot be exported as ``model_type: llama``.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -44,13 +48,23 @@ class LlamaConfig(LmConfig):
     layer_norm_epsilon: float = 1e-6
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
+    qk_norm: bool = False
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> LlamaLMHeadModel:
         """Build a randomly initialized Llama (see :meth:`LmConfig.build`)."""
         return LlamaLMHeadModel.init(self, Vocab, key=key)
 
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
-        """The Hugging Face ``LlamaConfig`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`)."""
+        """The Hugging Face ``LlamaConfig`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`).
+
+        Raises:
+            ValueError: if ``qk_norm`` is set (transformers' Llama would silently ignore the norm weights).
+        """
+        if self.qk_norm:
+            raise ValueError(
+                "LlamaConfig.to_hf_config: qk_norm=True has no Hugging Face Llama equivalent (transformers' Llama "
+                "has no QK-norm); export it through an architecture that has one (e.g. a Qwen3 config)"
+            )
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -118,30 +132,91 @@ class LlamaMlp(eqx.Module):
         return self.down_proj(hax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class QkNormAttention(ModuleWithStateDictSerialization):
+    """Grouped-query attention whose queries and keys are RMS-normalized over ``head_size`` before rotary.
+
+    Reuses :class:`Attention`'s projections, rotary settings and backend; the norms are the QK-norm of
+    Qwen3 and OLMo2 (one learned scale of size ``head_size`` shared by all heads). Its state-dict keys
+    are ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm`` and ``k_norm`` (as Hugging Face's).
+
+    Attributes:
+        attn: the projections, rotary settings and backend.
+        q_norm: the query norm over ``head_size``.
+        k_norm: the key norm over ``head_size``.
+    """
+
+    attn: Attention
+    q_norm: RmsNorm
+    k_norm: RmsNorm
+
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        return {"attn": None}
+
+    @staticmethod
+    def init(attn: Attention, *, eps: float) -> QkNormAttention:
+        """Add QK-norm (unit scales) to ``attn``.
+
+        Args:
+            attn: the attention layer.
+            eps: the norms' epsilon.
+
+        Returns:
+            The layer.
+        """
+        HeadSize = attn.o_proj.weight.resolve_axis("head_size")
+        return QkNormAttention(
+            attn=attn,
+            q_norm=RmsNorm.init(HeadSize, eps=eps, use_bias=False),
+            k_norm=RmsNorm.init(HeadSize, eps=eps, use_bias=False),
+        )
+
+    def __call__(
+        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, key: jax.Array | None = None
+    ) -> NamedArray:
+        """Attend over the ``position`` axis of ``x`` (``(..., position, embed)``), like :class:`Attention`."""
+        del key
+        a = self.attn
+        Pos = x.resolve_axis("position")
+        HeadSize = a.o_proj.weight.resolve_axis("head_size")
+        q, k, v = self.q_norm(a.q_proj(x)), self.k_norm(a.k_proj(x)), a.v_proj(x)
+        if a.rotary is not None:
+            q = apply_rotary(q, Pos, HeadSize, a.rotary)
+            k = apply_rotary(k, Pos, HeadSize, a.rotary)
+        return a.o_proj(attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size))
+
+
 class LlamaDecoderLayer(eqx.Module):
     """A pre-RMSNorm block: ``x + self_attn(input_layernorm(x))`` then ``x + mlp(post_attention_layernorm(x))``."""
 
     input_layernorm: RmsNorm
-    self_attn: Attention
+    self_attn: Attention | QkNormAttention
     post_attention_layernorm: RmsNorm
     mlp: LlamaMlp
 
     @staticmethod
-    def init(config: LlamaConfig, *, key: jax.Array) -> LlamaDecoderLayer:
-        """Create one block."""
+    def _init_attention(config: LlamaConfig, *, key: jax.Array) -> Attention | QkNormAttention:
+        """The self-attention of one block (subclasses override it, e.g. to add biases)."""
+        attn = Attention.init(
+            config.Embed,
+            config.KVHeads,
+            config.QHeadsPerGroup,
+            config.HeadSize,
+            use_bias=False,
+            rotary=config.rope,
+            key=key,
+            backend=config.attn_backend,
+            block_size=config.flash_attention_block_size,
+        )
+        return QkNormAttention.init(attn, eps=config.layer_norm_epsilon) if config.qk_norm else attn
+
+    @classmethod
+    def init(cls, config: LlamaConfig, *, key: jax.Array) -> Self:
+        """Create one block (of this class, with :meth:`_init_attention`'s attention)."""
         k_attn, k_gate, k_up, k_down = jax.random.split(key, 4)
         Embed, Mlp, eps = config.Embed, config.Mlp, config.layer_norm_epsilon
-        return LlamaDecoderLayer(
+        return cls(
             input_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
-            self_attn=Attention.init(
-                Embed,
-                config.KVHeads,
-                config.QHeadsPerGroup,
-                config.HeadSize,
-                use_bias=False,
-                rotary=config.rope,
-                key=k_attn,
-            ),
+            self_attn=cls._init_attention(config, key=k_attn),
             post_attention_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
             mlp=LlamaMlp(
                 Linear.init(Embed, Mlp, key=k_gate, use_bias=False),
@@ -171,43 +246,87 @@ class LlamaLMHeadModel(LmHeadModel):
         transformer: embeddings, layers and final norm (state-dict key ``model``).
         lm_head: ``Embed -> Vocab`` without bias, or None when tied.
         config: the config (static).
+        vocab_size: the real vocabulary size when the vocabulary axis is padded (``config.vocab_padding_multiple``);
+            logits of the padded entries are masked (static).
     """
 
     transformer: LlamaTransformer
     lm_head: Linear | None
     config: LlamaConfig = eqx.field(static=True)
+    vocab_size: int | None = eqx.field(static=True, default=None)
+
+    _hf_vocab_keys: ClassVar[tuple[str, ...]] = ("model.embed_tokens.weight", "lm_head.weight")
+    _decoder_layer: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
+    """The block class :meth:`init` stacks (subclasses such as Qwen's set their own)."""
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {"transformer": "model"}
 
-    @staticmethod
-    def init(config: LlamaConfig, Vocab: Axis, *, key: jax.Array) -> LlamaLMHeadModel:
-        """Create a randomly initialized model.
+    @classmethod
+    def init(cls, config: LlamaConfig, Vocab: Axis, *, key: jax.Array) -> Self:
+        """Create a randomly initialized model (of this class, stacking ``_decoder_layer`` blocks).
 
         Args:
             config: the config.
-            Vocab: the vocabulary axis.
+            Vocab: the (real) vocabulary axis; the model's is padded to ``config.vocab_padding_multiple``.
             key: the PRNG key.
 
         Returns:
             The model.
         """
         k_emb, k_layers, k_head = jax.random.split(key, 3)
-        layers = Stacked.init(config.Layers, LlamaDecoderLayer, gradient_checkpointing=config.gradient_checkpointing)(
+        PaddedVocab = config.padded_vocab(Vocab)
+        layers = Stacked.init(config.Layers, cls._decoder_layer, gradient_checkpointing=config.gradient_checkpointing)(
             config, key=jax.random.split(k_layers, config.num_layers)
         )
         transformer = LlamaTransformer(
-            embed_tokens=Embedding.init(Vocab, config.Embed, key=k_emb, initializer_range=config.initializer_range),
+            embed_tokens=Embedding.init(
+                PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
+            ),
             layers=layers,
             norm=RmsNorm.init(config.Embed, eps=config.layer_norm_epsilon, use_bias=False),
         )
-        lm_head = None if config.tie_word_embeddings else Linear.init(config.Embed, Vocab, key=k_head, use_bias=False)
-        return LlamaLMHeadModel(transformer=transformer, lm_head=lm_head, config=config)
+        lm_head = None
+        if not config.tie_word_embeddings:
+            lm_head = Linear.init(config.Embed, PaddedVocab, key=k_head, use_bias=False)
+        return cls(transformer=transformer, lm_head=lm_head, config=config, vocab_size=Vocab.size)
 
     @property
     def Vocab(self) -> Axis:
-        """The vocabulary axis."""
+        """The vocabulary axis of the logits (padded if ``config.vocab_padding_multiple > 1``)."""
         return self.transformer.embed_tokens.Vocab
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+    ) -> NamedArray:
+        """The final hidden states ``(..., position, embed)``, before the output projection.
+
+        Args:
+            input_ids: integer ids ``(..., position)``.
+            attn_mask: the attention mask (None: causal).
+            key: unused (Llama has no dropout).
+
+        Returns:
+            The hidden states after the final norm.
+        """
+        del key
+        mask = AttentionMask.causal() if attn_mask is None else attn_mask
+        x = self.transformer.embed_tokens.embed(input_ids)
+        x = self.transformer.layers.fold(x, mask)
+        return self.transformer.norm(x)
+
+    def get_lm_head(self) -> NamedArray:
+        """The output projection (``embed``, ``vocab``): ``lm_head``'s, or the token embedding if tied.
+
+        With a padded vocabulary only the real entries are returned, so a loss computed from it (the
+        blockwise loss) never sees the padding.
+        """
+        weight = self.transformer.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return _real_vocab_rows(weight, self.Vocab, self.vocab_size)
 
     def __call__(
         self,
@@ -216,12 +335,10 @@ class LlamaLMHeadModel(LmHeadModel):
         *,
         key: jax.Array | None = None,
     ) -> NamedArray:
-        """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`)."""
-        del key
-        mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        x = self.transformer.embed_tokens.embed(input_ids)
-        x = self.transformer.layers.fold(x, mask)
-        x = self.transformer.norm(x)
-        if self.lm_head is None:
-            return self.transformer.embed_tokens.unembed(x)
-        return self.lm_head(x)
+        """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
+
+        Padded vocabulary entries hold the dtype's most negative value.
+        """
+        x = self.activations(input_ids, attn_mask, key=key)
+        logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
+        return mask_padded_vocab(logits, self.Vocab, self.vocab_size)

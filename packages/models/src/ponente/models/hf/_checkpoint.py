@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -68,37 +69,119 @@ def _resolve_dtype(dtype: Any, hf_config: Mapping[str, Any]) -> Any:
     return jnp.dtype(jnp.float32)
 
 
-def load_pretrained(path: str | os.PathLike[str], *, dtype: Any = None) -> LmHeadModel:
-    """Load a Hugging Face causal-LM checkpoint directory into a ponente model.
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return 1 <= len(parts) <= 2 and all(parts) and not name.startswith((".", "~")) and "\\" not in name
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    """Download the config, safetensors and tokenizer files of a Hub model; clear errors when that cannot work."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise FileNotFoundError(
+            f"load_pretrained: {repo_id!r} is not a local directory and HF_HUB_OFFLINE is set, so it cannot be "
+            "downloaded from the Hugging Face Hub; download it while online (e.g. `huggingface-cli download "
+            f"{repo_id}`) and pass the local directory, or unset HF_HUB_OFFLINE"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ImportError(
+            f"load_pretrained: {repo_id!r} is not a local directory; downloading it from the Hugging Face Hub needs "
+            "the `huggingface_hub` package (pip install 'ponente-models[hf]'), or pass a local checkpoint directory"
+        ) from None
+    try:
+        local = snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_PATTERNS)
+    except Exception as e:  # network, authentication, unknown repository: all mean "cannot get it"
+        raise FileNotFoundError(
+            f"load_pretrained: could not download {repo_id!r} (revision {revision or 'main'}) from the Hugging Face "
+            f"Hub: {type(e).__name__}: {e}. Check the repository id, your network and your token (gated models "
+            "need `huggingface-cli login`), or pass a local checkpoint directory"
+        ) from e
+    return Path(local)
+
+
+_HUB_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer*", "*.model", "*.txt"]
+
+
+def _vocab_keys(model: LmHeadModel) -> tuple[str, ...]:
+    """The Hugging Face names of the parameters whose first dimension is the vocabulary (e.g. embeddings)."""
+    keys: tuple[str, ...] = getattr(type(model), "_hf_vocab_keys", ())
+    return keys
+
+
+def _pad_vocab(state: dict[str, Any], keys: tuple[str, ...], real: int, padded: int) -> dict[str, Any]:
+    """Zero rows appended to the vocabulary (first) dimension of ``keys`` present in ``state``."""
+    out = dict(state)
+    for name in keys:
+        if name in out and padded > real:
+            value = out[name]
+            pad = jnp.zeros((padded - real, *value.shape[1:]), dtype=value.dtype)
+            out[name] = jnp.concatenate([jnp.asarray(value), pad], axis=0)
+    return out
+
+
+def load_pretrained(
+    path: str | os.PathLike[str],
+    *,
+    dtype: Any = None,
+    revision: str | None = None,
+    pad_vocab_to_multiple: int = 1,
+    config_overrides: Mapping[str, Any] | None = None,
+) -> LmHeadModel:
+    """Load a Hugging Face causal-LM checkpoint (a local directory or a Hub repository id) into a ponente model.
 
     The architecture comes from ``config.json``'s ``model_type`` (through the config registry); both
-    the transformers-4 (``rope_theta``, ``torch_dtype``) and -5 (``rope_parameters``, ``dtype``)
-    spellings are read. Weights come from ``model.safetensors`` or from the shards listed in
+    the transformers-4 (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and -5 (``rope_parameters``,
+    ``dtype``) spellings are read. Weights come from ``model.safetensors`` or from the shards listed in
     ``model.safetensors.index.json``.
 
+    A ``path`` that is not a local directory is taken as a Hub id (``"org/name"``) and downloaded with
+    ``huggingface_hub.snapshot_download`` (config, safetensors and tokenizer files only). Offline
+    (``HF_HUB_OFFLINE=1``), without ``huggingface_hub``, or when the download fails, the error names the
+    repository and what to do.
+
     Args:
-        path: a local checkpoint directory.
+        path: a local checkpoint directory or a Hub repository id.
         dtype: parameter dtype (None: the config's ``dtype``/``torch_dtype``, else float32).
+        revision: the Hub revision (branch, tag or commit) to download (None: the default branch).
+        pad_vocab_to_multiple: pad the vocabulary axis to a multiple of this (padded embedding / output rows are
+            zeros and their logits are masked); :func:`save_pretrained` drops the padding again.
+        config_overrides: fields of the model config to replace after reading ``config.json`` (e.g.
+            ``{"attn_backend": "flash", "gradient_checkpointing": True}``).
 
     Returns:
         The model.
 
     Raises:
-        FileNotFoundError: if ``path`` is not a local directory (Hub ids are not downloaded) or files are missing.
+        FileNotFoundError: if ``path`` is neither a local directory nor a downloadable Hub id, or files are missing.
+        ImportError: if a Hub id needs ``huggingface_hub`` and it is not installed.
         KeyError: for an unknown ``model_type`` or a missing parameter.
-        ValueError: if a parameter has the wrong shape.
+        ValueError: if a parameter has the wrong shape, or an override names no config field.
+
+    Example:
+        ```python
+        model = load_pretrained("checkpoints/llama-tiny", pad_vocab_to_multiple=128)
+        ```
     """
     directory = Path(path)
     if not directory.is_dir():
-        raise FileNotFoundError(
-            f"load_pretrained: {os.fspath(path)!r} is not a local directory; downloading from the Hugging Face Hub "
-            "is not supported (download the checkpoint first, e.g. with `huggingface-cli download`, and pass its path)"
-        )
+        name = os.fspath(path)
+        if not _looks_like_repo_id(name) or directory.exists():
+            raise FileNotFoundError(
+                f"load_pretrained: {name!r} is not a local directory, nor a Hugging Face Hub id of the form 'org/name'"
+            )
+        directory = _download(name, revision)
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"load_pretrained: {config_path} does not exist")
     hf_config = _read_json(config_path)
     config = _config_from_hf(hf_config, config_path)
+    overrides = dict(config_overrides or {})
+    overrides["vocab_padding_multiple"] = pad_vocab_to_multiple
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(config)})
+    if unknown:
+        raise ValueError(f"load_pretrained: config_overrides {unknown} are not fields of {type(config).__name__}")
+    config = dataclasses.replace(config, **overrides)
     if "vocab_size" not in hf_config:
         raise KeyError(f"load_pretrained: {config_path} has no 'vocab_size' key")
     Vocab = Axis("vocab", int(hf_config["vocab_size"]))
@@ -112,6 +195,7 @@ def load_pretrained(path: str | os.PathLike[str], *, dtype: Any = None) -> LmHea
 
     template = eqx.filter_eval_shape(template_fn, jax.random.key(0))
     state = _read_safetensors(directory)
+    state = _pad_vocab(state, _vocab_keys(template), Vocab.size, template.Vocab.size)
     logger.info(
         "load_pretrained: %s (%s, %d tensors, dtype %s)", directory, hf_config["model_type"], len(state), target
     )
@@ -137,6 +221,7 @@ def save_pretrained(
     *,
     tokenizer: Any = None,
     max_shard_size: int = 5 * 1024**3,
+    vocab_size: int | None = None,
 ) -> None:
     """Write ``model`` as a Hugging Face checkpoint directory that ``transformers.AutoModelForCausalLM`` loads.
 
@@ -145,9 +230,11 @@ def save_pretrained(
         path: the output directory (created if needed; existing files of the same names are overwritten).
         tokenizer: optional object with a ``save_pretrained(path)`` method (e.g. a transformers tokenizer).
         max_shard_size: the largest safetensors shard in bytes; larger checkpoints are sharded with an index file.
+        vocab_size: the vocabulary size to export; rows of the embedding / output projection beyond it are dropped
+            (None: the model's real vocabulary size, i.e. without ``vocab_padding_multiple`` padding).
 
     Raises:
-        ValueError: if ``max_shard_size`` is not positive.
+        ValueError: if ``max_shard_size`` is not positive, or ``vocab_size`` is not in ``1 .. model.Vocab.size``.
     """
     from safetensors.numpy import save_file  # lazy: only needed for checkpoints
 
@@ -155,8 +242,14 @@ def save_pretrained(
         raise ValueError(f"save_pretrained: max_shard_size must be positive, got {max_shard_size}")
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: np.ascontiguousarray(v) for k, v in model.to_hf_state_dict().items()}
-    hf_config = model.config.to_hf_config(model.Vocab.size)
+    real = vocab_size if vocab_size is not None else getattr(model, "vocab_size", None) or model.Vocab.size
+    if not 0 < real <= model.Vocab.size:
+        raise ValueError(
+            f"save_pretrained: vocab_size must be in 1..{model.Vocab.size} (the model's vocab axis), got {real}"
+        )
+    vocab_keys = _vocab_keys(model)
+    state = {k: np.ascontiguousarray(v[:real] if k in vocab_keys else v) for k, v in model.to_hf_state_dict().items()}
+    hf_config = model.config.to_hf_config(real)
     dtypes = {
         str(v.dtype) for v in state.values() if np.issubdtype(v.dtype, np.floating) or v.dtype.name == "bfloat16"
     }
