@@ -1,13 +1,26 @@
-"""The ``train_lm`` entry point and the version report it prints."""
+"""The ``train_lm`` entry point: configuration glue, the LM batch, provenance checks, and end-to-end runs."""
 
+import gzip
 import importlib.metadata
 import importlib.resources
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ponente.trainer
+from ponente.trainer.config import ConfigError, load_config
+from ponente.trainer.lm import lm_batch
 from ponente.trainer.main import train_lm
-from ponente.trainer.versions import PONENTE_PACKAGES, ponente_versions
+from ponente.trainer.main.train_lm import TrainLmConfig, config_differences
+from ponente.trainer.versions import PONENTE_PACKAGES
+
+TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
 
 
 def test_version_and_typing_marker():
@@ -15,22 +28,224 @@ def test_version_and_typing_marker():
     assert importlib.resources.files("ponente.trainer").joinpath("py.typed").is_file()
 
 
-def test_reports_every_package_with_its_installed_version():
-    versions = ponente_versions()
-    expected = {f"ponente-{name}": importlib.metadata.version(f"ponente-{name}") for name in PONENTE_PACKAGES}
-    assert versions == expected
-
-
-def test_main_prints_packages_and_devices(capsys):
-    assert train_lm.main([]) == 0
+def test_version_flag_prints_packages_and_devices(capsys):
+    assert train_lm.main(["--version"]) == 0
     out = capsys.readouterr().out
     for name in PONENTE_PACKAGES:
-        assert f"ponente-{name} " in out
+        assert f"ponente-{name} {importlib.metadata.version(f'ponente-{name}')}" in out
     assert "JAX backend: cpu" in out
 
 
-def test_runs_as_a_module():
-    via_module = subprocess.run(
-        [sys.executable, "-m", "ponente.trainer.main.train_lm"], check=True, capture_output=True, text=True
-    ).stdout
-    assert via_module.splitlines()[0].startswith("ponente-namedtensor ")
+def test_no_training_data_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"data.train_urls is empty.*--config_path gpt2_nano"):
+        train_lm.train(TrainLmConfig())
+
+
+def test_packaged_hello_world_config_parses():
+    cfg = load_config(TrainLmConfig, ["gpt2_nano"])
+    assert cfg.model.model_type == "gpt2"
+    assert cfg.trainer.num_train_steps == 300
+    assert [t.choice_name for t in cfg.trainer.tracker] == ["tensorboard", "json"]
+    assert cfg.data.tokenizer == TOKENIZER
+
+
+def test_unknown_key_names_the_dotted_path():
+    with pytest.raises(ConfigError, match=r"trainer\.num_trian_steps: unknown key; did you mean num_train_steps"):
+        load_config(TrainLmConfig, ["gpt2_nano"], overrides=["trainer.num_trian_steps=3"])
+
+
+def test_hf_save_steps_needs_a_path():
+    with pytest.raises(ConfigError, match="hf_save_steps is set but hf_save_path is not"):
+        load_config(TrainLmConfig, overrides=["hf_save_steps=10"])
+
+
+def _naive_loss_mask(segments: list[int]) -> list[float]:
+    out = []
+    for i in range(len(segments)):
+        out.append(1.0 if i + 1 < len(segments) and segments[i + 1] == segments[i] else 0.0)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=5, max_size=5), min_size=1, max_size=3))
+def test_lm_batch_masks_predictions_across_documents(rows):
+    segments = [sorted(r) for r in rows]  # segment ids are non-decreasing within a packed row
+    ids = np.arange(len(rows) * 5).reshape(len(rows), 5)
+    batch = lm_batch({"input_ids": ids, "segment_ids": np.array(segments)})
+    assert batch["input_ids"].axis_names == ("batch", "position")
+    assert batch["loss_mask"].array.tolist() == [_naive_loss_mask(s) for s in segments]
+
+
+def test_config_differences_splits_fixed_and_free_keys():
+    saved = {
+        "config": {"data": {"tokenizer": "a"}, "trainer": {"seed": 0, "num_train_steps": 10, "id": "x"}},
+        "num_devices": 8,
+    }
+    current = {
+        "config": {"data": {"tokenizer": "b"}, "trainer": {"seed": 0, "num_train_steps": 20, "id": "y"}},
+        "num_devices": 1,
+    }
+    fixed, other = config_differences(saved, current)
+    assert fixed == ["data.tokenizer", "num_devices"]
+    assert other == ["trainer.num_train_steps"]
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+
+def _tiny_corpus(directory: Path) -> tuple[str, str]:
+    """A few thousand words of the shipped validation works, split into train/validation jsonl files."""
+    source = importlib.resources.files("ponente.trainer.assets").joinpath("shakespeare_validation.jsonl.gz")
+    with gzip.open(source.open("rb"), "rt", encoding="utf-8") as f:
+        text = json.loads(f.readline())["text"]
+    text = "".join(ch for ch in text if ch.isascii())
+    chunks = [text[i : i + 2000] for i in range(0, 60_000, 2000)]
+    paths = []
+    for name, docs in (("train", chunks[:-3]), ("validation", chunks[-3:])):
+        path = directory / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def _tiny_overrides(tmp_path: Path, train: str, validation: str, steps: int) -> list[str]:
+    return [
+        f"data.train_urls=[{train}]",
+        f"data.validation_urls=[{validation}]",
+        f"data.tokenizer={TOKENIZER}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "model.type=gpt2",
+        "model.seq_len=32",
+        "model.hidden_dim=32",
+        "model.intermediate_dim=64",
+        "model.num_layers=2",
+        "model.num_heads=2",
+        "model.num_kv_heads=2",
+        "trainer.train_batch_size=8",
+        f"trainer.num_train_steps={steps}",
+        "trainer.steps_per_eval=10",
+        "trainer.max_eval_batches=2",
+        "trainer.id=tiny",
+        f"trainer.run_dir={tmp_path / 'runs' / '{run_id}'}",
+        f"trainer.tracker={{type: json, path: {tmp_path / 'metrics.jsonl'}}}",
+        f"trainer.checkpointer.base_path={tmp_path / 'ckpt'}",
+        "optimizer.learning_rate=1e-2",
+        "optimizer.warmup=0.1",
+    ]
+
+
+@pytest.mark.integration
+def test_train_lm_end_to_end_export_and_eval(tmp_path):
+    """Loss falls; logs, run record and checkpoint exist; the export loads in transformers with our logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import jax
+
+    import ponente.namedtensor as hax
+    from ponente.models import AttentionMask
+    from ponente.trainer.main.eval_lm import EvalLmConfig, eval_lm
+    from ponente.trainer.main.export_lm_to_hf import (
+        ExportLmToHfConfig,
+        export_lm_to_hf,
+        load_model_from_checkpoint,
+    )
+
+    train, validation = _tiny_corpus(tmp_path)
+    overrides = _tiny_overrides(tmp_path, train, validation, steps=30)
+    cfg = load_config(TrainLmConfig, overrides=[*overrides, "sample.num_tokens=8", "sample.prompt=KING"])
+    result = train_lm.train(cfg)
+
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 31))
+    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+    evals = [r for r in records if "eval/tiny/loss" in r or any(k.startswith("eval/") for k in r)]
+    assert [r["step"] for r in evals] == [10, 20, 30]
+    assert result.steps == 30
+    assert result.final_loss == losses[-1]
+    assert result.sample.startswith("KING")
+    assert result.checkpoint.endswith("step-30")
+    run_record = tmp_path / "runs" / "tiny"
+    assert {"config.yaml", "pip_freeze.txt", "git.txt", "versions.json"} <= {p.name for p in run_record.iterdir()}
+
+    # export the checkpoint, load it with transformers, compare logits with our model from the checkpoint
+    out = tmp_path / "hf"
+    export_lm_to_hf(
+        ExportLmToHfConfig(checkpoint_path=result.checkpoint, output_dir=str(out), model=cfg.model, data=cfg.data)
+    )
+    ours = load_model_from_checkpoint(cfg.model, cfg.data.the_vocab_size, result.checkpoint)
+    ids = np.random.default_rng(0).integers(0, cfg.data.the_vocab_size, size=(2, 32))
+    expected = np.asarray(ours(hax.named(ids, ("batch", "position")), AttentionMask.causal()).array)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = hf_model(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("To be")["input_ids"] == cfg.data.the_tokenizer.encode("To be").ids
+
+    # eval_lm: loss and bits/byte against a float64 NumPy computation over the same rows
+    results = eval_lm(EvalLmConfig(data=cfg.data, model=cfg.model, checkpoint_path=result.checkpoint, batch_size=4))
+    ((name, r),) = results.items()
+    ds = cfg.data.validation_sets(32)[name]
+    rows = [ds[i] for i in range(4 * (len(ds) // 4))]
+    ids = np.stack([row["input_ids"] for row in rows])
+    seg = np.stack([row["segment_ids"] for row in rows])
+    logits = np.asarray(
+        ours(
+            hax.named(ids, ("batch", "position")),
+            AttentionMask.causal().with_segment_ids(hax.named(seg, ("batch", "position"))),
+        ).array,
+        dtype=np.float64,
+    )
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
+    nats = tokens = nbytes = 0.0
+    tokenizer = cfg.data.the_tokenizer
+    for b in range(ids.shape[0]):
+        for i in range(ids.shape[1] - 1):
+            if seg[b, i + 1] == seg[b, i]:
+                nats -= logp[b, i, ids[b, i + 1]]
+                tokens += 1
+                nbytes += len(tokenizer.decode([int(ids[b, i + 1])]).encode("utf-8"))
+    assert r.tokens == tokens
+    assert r.bytes == nbytes
+    np.testing.assert_allclose(r.loss, nats / tokens, rtol=1e-5)
+    np.testing.assert_allclose(r.bits_per_byte, nats / np.log(2) / nbytes, rtol=1e-5)
+    del jax
+
+
+@pytest.mark.integration
+def test_hello_world_runs_a_few_steps(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ponente.trainer.main.train_lm",
+            "--config_path",
+            "gpt2_nano",
+            "--trainer.num_train_steps",
+            "3",
+            "--trainer.steps_per_eval",
+            "3",
+            "--trainer.max_eval_batches",
+            "1",
+            "--sample.num_tokens",
+            "5",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 steps" in proc.stdout
+    assert "sample:" in proc.stdout
+    (run,) = (tmp_path / "ponente_hello" / "runs").iterdir()
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "config.yaml").is_file()
+    assert (tmp_path / "ponente_hello" / "checkpoints" / run.name / "step-3" / "metadata.json").is_file()
+    metrics = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in metrics if "train/loss" in line] == [1, 2, 3]

@@ -149,13 +149,17 @@ def snapshot(tree: Any, step: int) -> Snapshot:
             arrays.append(_StoredArray(name, dtype, tuple(np.shape(x)), chunk, pieces))
         described[name] = entry
     # on accelerators, start every device-to-host transfer at once, then wait for them all
-    device_pieces = [p for a in arrays for p in a.pieces if isinstance(p.data, jax.Array)]
+    # (``devices()`` may return a cached set: never mutate it)
+    device_pieces = [
+        p
+        for a in arrays
+        for p in a.pieces
+        if isinstance(p.data, jax.Array) and any(d.platform != "cpu" for d in p.data.devices())
+    ]
     for p in device_pieces:
-        if p.data.devices().pop().platform != "cpu":
-            p.data.copy_to_host_async()
+        p.data.copy_to_host_async()
     for p in device_pieces:
-        if p.data.devices().pop().platform != "cpu":
-            p.data = np.asarray(p.data)
+        p.data = np.asarray(p.data)
     return Snapshot(step=step, leaves=described, arrays=arrays, treedef=str(treedef))
 
 

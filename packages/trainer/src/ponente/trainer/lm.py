@@ -1,0 +1,76 @@
+"""The language-model task of the trainer: packed NumPy rows to named batches, and the next-token loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+import ponente.namedtensor as hax
+from ponente.models import LmExample, compute_next_token_loss
+
+__all__ = ["lm_batch", "lm_loss_fn"]
+
+BATCH_AXES = ("batch", "position")
+
+
+def lm_batch(rows: Mapping[str, np.ndarray]) -> dict[str, hax.NamedArray]:
+    """Turn packed rows ``{"input_ids", "segment_ids"}`` (``[batch, position]``) into named arrays plus a loss mask.
+
+    Position ``i`` predicts token ``i + 1``; it counts only when that token exists and belongs to the same
+    document (segment), so no loss crosses a document boundary. The mask travels with the batch so that
+    gradient accumulation can weight each microbatch by its number of loss tokens.
+
+    Args:
+        rows: int arrays of shape ``[batch, position]``.
+
+    Returns:
+        ``{"input_ids", "segment_ids", "loss_mask"}`` as NamedArrays over ``(batch, position)``.
+
+    Raises:
+        ValueError: if the arrays are not 2-D or their shapes differ.
+
+    Example:
+        >>> import numpy as np
+        >>> b = lm_batch({"input_ids": np.array([[5, 6, 7, 8]]), "segment_ids": np.array([[0, 0, 1, 1]])})
+        >>> b["loss_mask"].array.tolist()
+        [[1.0, 0.0, 1.0, 0.0]]
+    """
+    ids = np.asarray(rows["input_ids"], dtype=np.int32)
+    seg = np.asarray(rows["segment_ids"], dtype=np.int32)
+    if ids.ndim != 2 or ids.shape != seg.shape:
+        raise ValueError(
+            f"lm_batch: input_ids and segment_ids must both be [batch, position], got {ids.shape} and {seg.shape}"
+        )
+    mask = np.zeros(ids.shape, dtype=np.float32)
+    mask[:, :-1] = seg[:, 1:] == seg[:, :-1]
+    return {
+        "input_ids": hax.named(ids, BATCH_AXES),
+        "segment_ids": hax.named(seg, BATCH_AXES),
+        "loss_mask": hax.named(mask, BATCH_AXES),
+    }
+
+
+def lm_example(batch: Mapping[str, hax.NamedArray]) -> LmExample:
+    """The causal :class:`~ponente.models.LmExample` of a batch made by :func:`lm_batch` (segments kept apart)."""
+    return LmExample.causal(batch["input_ids"], loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"])
+
+
+def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | None = None) -> Callable[..., Any]:
+    """The training loss ``loss_fn(model, batch, *, key)``: mean next-token cross-entropy (+ z-loss).
+
+    Args:
+        z_loss_weight: weight of ``logsumexp(logits)**2`` (0: none).
+        block_size: compute the loss blockwise over the vocabulary (None: plain).
+
+    Returns:
+        The loss function for :class:`~ponente.trainer.trainer.Trainer`.
+    """
+
+    def loss_fn(model: Any, batch: Mapping[str, hax.NamedArray], *, key: Any) -> Any:
+        return compute_next_token_loss(
+            model, lm_example(batch), key=key, logsumexp_weight=z_loss_weight or None, block_size=block_size
+        )
+
+    return loss_fn

@@ -1,0 +1,183 @@
+"""Evaluate a language model on a dataset: ``python -m ponente.trainer.main.eval_lm``.
+
+Reports, per validation set (or the training split with ``split: train``), the mean next-token loss
+(nats), perplexity and bits per byte. The model comes from a training checkpoint (``checkpoint_path``
+with the run's ``model:`` section) or a Hugging Face folder (``hf_checkpoint``). Example::
+
+    python -m ponente.trainer.main.eval_lm --config_path gpt2_nano \\
+        --checkpoint_path ponente_hello/checkpoints/<run id>
+
+Bits per byte divide the summed loss (converted to bits) by the number of UTF-8 bytes of the predicted
+tokens, which makes models with different tokenizers comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from ponente.models import Gpt2Config, LmConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+
+__all__ = ["EvalLmConfig", "EvalResult", "eval_lm", "main", "token_byte_lengths"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalLmConfig:
+    """Configuration of ``eval_lm``.
+
+    Attributes:
+        data: the dataset (its validation split by default) and tokenizer.
+        model: the model config of ``checkpoint_path`` (ignored with ``hf_checkpoint``).
+        checkpoint_path: a training checkpoint or run directory.
+        hf_checkpoint: a Hugging Face model folder (instead of ``checkpoint_path``).
+        split: which split to evaluate.
+        batch_size: rows per batch.
+        max_batches: evaluate at most this many batches per dataset (None: all).
+    """
+
+    data: LMDatasetConfig | LMMixtureDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
+    model: LmConfig = dataclasses.field(default_factory=Gpt2Config)
+    checkpoint_path: str | None = None
+    hf_checkpoint: str | None = None
+    split: Literal["validation", "train"] = "validation"
+    batch_size: int = 8
+    max_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.checkpoint_path is None) == (self.hf_checkpoint is None):
+            raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Evaluation of one dataset.
+
+    Attributes:
+        loss: mean next-token loss in nats.
+        perplexity: ``exp(loss)``.
+        bits_per_byte: summed loss in bits over the UTF-8 bytes of the predicted tokens.
+        tokens: predicted tokens counted.
+        bytes: their UTF-8 bytes.
+    """
+
+    loss: float
+    perplexity: float
+    bits_per_byte: float
+    tokens: int
+    bytes: int
+
+
+def token_byte_lengths(tokenizer: Any, vocab_size: int) -> np.ndarray:
+    """The number of UTF-8 bytes each token id stands for (0 for special tokens and padding ids).
+
+    Byte-level BPE tokens spell one byte per character of their vocabulary string; other tokenizers are
+    asked to decode each id.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+        vocab_size: the length of the table (ids past the tokenizer's vocabulary get 0).
+
+    Returns:
+        An int32 array of length ``vocab_size``.
+    """
+    from tokenizers import pre_tokenizers
+
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    byte_level = isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel)
+    lengths = np.zeros(vocab_size, np.int32)
+    for i in range(min(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))):
+        token = tokenizer.id_to_token(i)
+        if token is None or token in special:
+            continue
+        lengths[i] = len(token) if byte_level else len(tokenizer.decode([i]).encode("utf-8"))
+    return lengths
+
+
+def _load_model(config: EvalLmConfig, vocab_size: int) -> Any:
+    if config.hf_checkpoint is not None:
+        from ponente.models.hf import load_pretrained
+
+        return load_pretrained(config.hf_checkpoint)
+    from ponente.trainer.main.export_lm_to_hf import load_model_from_checkpoint
+
+    assert config.checkpoint_path is not None  # checked in __post_init__
+    return load_model_from_checkpoint(config.model, vocab_size, config.checkpoint_path)
+
+
+def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
+    """Evaluate as configured; returns the results by dataset name."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from ponente.models import compute_next_token_loss
+    from ponente.trainer.data import batch_for_step
+    from ponente.trainer.lm import lm_batch, lm_example
+
+    data = config.data
+    vocab_size = data.the_vocab_size
+    model = _load_model(config, vocab_size)
+    byte_table = jnp.asarray(token_byte_lengths(data.the_tokenizer, model.Vocab.size))
+    seq_len = model.config.seq_len
+    if config.split == "validation":
+        datasets = data.validation_sets(seq_len)
+        if not datasets:
+            raise ValueError("data.validation_urls: no validation data to evaluate (or pass --split train)")
+    else:
+        datasets = {"train": data.train_set(seq_len, seed=0)}
+
+    @eqx.filter_jit
+    def batch_sums(model: Any, batch: dict[str, Any]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        example = lm_example(batch)
+        losses = compute_next_token_loss(model, example, reduction="none").array
+        mask = example.loss_mask.array
+        targets = jnp.roll(batch["input_ids"].array, -1, axis=-1)
+        return jnp.sum(losses), jnp.sum(mask), jnp.sum(mask * byte_table[targets])
+
+    results = {}
+    for name, dataset in datasets.items():
+        dataset.wait_for_length(None)
+        num = len(dataset) // config.batch_size
+        if config.max_batches is not None:
+            num = min(num, config.max_batches)
+        if num == 0:
+            raise ValueError(f"{name}: fewer than batch_size={config.batch_size} rows of {seq_len} tokens")
+        nats = tokens = nbytes = 0.0
+        for step in range(num):
+            sums = batch_sums(model, lm_batch(batch_for_step(dataset, step, config.batch_size)))
+            nats, tokens, nbytes = (a + float(b) for a, b in zip((nats, tokens, nbytes), sums, strict=True))
+        loss = nats / tokens
+        results[name] = EvalResult(
+            loss=loss,
+            perplexity=math.exp(loss),
+            bits_per_byte=nats / math.log(2) / nbytes,
+            tokens=int(tokens),
+            bytes=int(nbytes),
+        )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, evaluate and print the results; returns the exit code."""
+    from ponente.trainer.config import parse_config
+
+    logging.basicConfig(level=logging.INFO)
+    config = parse_config(EvalLmConfig, argv, prog="eval_lm")
+    for name, r in eval_lm(config).items():
+        print(
+            f"{name}: loss {r.loss:.4f}  perplexity {r.perplexity:.2f}  bits/byte {r.bits_per_byte:.4f}  "
+            f"({r.tokens} tokens, {r.bytes} bytes)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
