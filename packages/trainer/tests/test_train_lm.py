@@ -1,12 +1,10 @@
 """The ``train_lm`` entry point: configuration glue, the LM batch, provenance checks, and end-to-end runs."""
 
-import gzip
 import importlib.metadata
 import importlib.resources
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,49 +91,8 @@ def test_config_differences_splits_fixed_and_free_keys():
 # --- end to end ----------------------------------------------------------------------------------
 
 
-def _tiny_corpus(directory: Path) -> tuple[str, str]:
-    """A few thousand words of the shipped validation works, split into train/validation jsonl files."""
-    source = importlib.resources.files("ponente.trainer.assets").joinpath("shakespeare_validation.jsonl.gz")
-    with gzip.open(source.open("rb"), "rt", encoding="utf-8") as f:
-        text = json.loads(f.readline())["text"]
-    text = "".join(ch for ch in text if ch.isascii())
-    chunks = [text[i : i + 2000] for i in range(0, 60_000, 2000)]
-    paths = []
-    for name, docs in (("train", chunks[:-3]), ("validation", chunks[-3:])):
-        path = directory / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-        paths.append(str(path))
-    return paths[0], paths[1]
-
-
-def _tiny_overrides(tmp_path: Path, train: str, validation: str, steps: int) -> list[str]:
-    return [
-        f"data.train_urls=[{train}]",
-        f"data.validation_urls=[{validation}]",
-        f"data.tokenizer={TOKENIZER}",
-        f"data.cache_dir={tmp_path / 'cache'}",
-        "model.type=gpt2",
-        "model.seq_len=32",
-        "model.hidden_dim=32",
-        "model.intermediate_dim=64",
-        "model.num_layers=2",
-        "model.num_heads=2",
-        "model.num_kv_heads=2",
-        "trainer.train_batch_size=8",
-        f"trainer.num_train_steps={steps}",
-        "trainer.steps_per_eval=10",
-        "trainer.max_eval_batches=2",
-        "trainer.id=tiny",
-        f"trainer.run_dir={tmp_path / 'runs' / '{run_id}'}",
-        f"trainer.tracker={{type: json, path: {tmp_path / 'metrics.jsonl'}}}",
-        f"trainer.checkpointer.base_path={tmp_path / 'ckpt'}",
-        "optimizer.learning_rate=1e-2",
-        "optimizer.warmup=0.1",
-    ]
-
-
 @pytest.mark.integration
-def test_train_lm_end_to_end_export_and_eval(tmp_path):
+def test_train_lm_end_to_end_export_and_eval(tmp_path, tiny_lm_overrides):
     """Loss falls; logs, run record and checkpoint exist; the export loads in transformers with our logits."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -150,8 +107,7 @@ def test_train_lm_end_to_end_export_and_eval(tmp_path):
         load_model_from_checkpoint,
     )
 
-    train, validation = _tiny_corpus(tmp_path)
-    overrides = _tiny_overrides(tmp_path, train, validation, steps=30)
+    overrides = tiny_lm_overrides(30)
     cfg = load_config(TrainLmConfig, overrides=[*overrides, "sample.num_tokens=8", "sample.prompt=KING"])
     result = train_lm.train(cfg)
 

@@ -1,0 +1,63 @@
+"""Shared helpers of the trainer tests: a tiny local corpus and a tiny ``train_lm`` configuration."""
+
+import gzip
+import importlib.resources
+import json
+from pathlib import Path
+
+import pytest
+
+TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
+"""The shipped Shakespeare byte-level BPE tokenizer (4096 entries)."""
+
+
+def tiny_corpus(directory: Path) -> tuple[str, str]:
+    """A few thousand words of the shipped validation works, split into train/validation jsonl files."""
+    source = importlib.resources.files("ponente.trainer.assets").joinpath("shakespeare_validation.jsonl.gz")
+    with gzip.open(source.open("rb"), "rt", encoding="utf-8") as f:
+        text = json.loads(f.readline())["text"]
+    text = "".join(ch for ch in text if ch.isascii())
+    chunks = [text[i : i + 2000] for i in range(0, 60_000, 2000)]
+    paths = []
+    for name, docs in (("train", chunks[:-3]), ("validation", chunks[-3:])):
+        path = directory / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def tiny_overrides(tmp_path: Path, train: str, validation: str, steps: int) -> list[str]:
+    return [
+        f"data.train_urls=[{train}]",
+        f"data.validation_urls=[{validation}]",
+        f"data.tokenizer={TOKENIZER}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "model.type=gpt2",
+        "model.seq_len=32",
+        "model.hidden_dim=32",
+        "model.intermediate_dim=64",
+        "model.num_layers=2",
+        "model.num_heads=2",
+        "model.num_kv_heads=2",
+        "trainer.train_batch_size=8",
+        f"trainer.num_train_steps={steps}",
+        "trainer.steps_per_eval=10",
+        "trainer.max_eval_batches=2",
+        "trainer.id=tiny",
+        f"trainer.run_dir={tmp_path / 'runs' / '{run_id}'}",
+        f"trainer.tracker={{type: json, path: {tmp_path / 'metrics.jsonl'}}}",
+        f"trainer.checkpointer.base_path={tmp_path / 'ckpt'}",
+        "optimizer.learning_rate=1e-2",
+        "optimizer.warmup=0.1",
+    ]
+
+
+@pytest.fixture
+def tiny_lm_overrides(tmp_path: Path):
+    """A factory ``(steps) -> list of overrides`` for a tiny GPT-2 run on a small corpus under ``tmp_path``."""
+    train, validation = tiny_corpus(tmp_path)
+
+    def make(steps: int) -> list[str]:
+        return tiny_overrides(tmp_path, train, validation, steps)
+
+    return make
