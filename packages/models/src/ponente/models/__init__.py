@@ -28,3 +28,54 @@ __all__ = [
     "register_config",
     "registered_types",
 ]
+
+# --- M1 exports ---
+# ``attention.attention`` and ``flash_attention.flash_attention`` are not re-exported here: the functions would
+# shadow their own modules (``ponente.models.attention`` would stop being a module); import them from the modules.
+from .attention import ATTENTION_BACKENDS
+from .lm import blockwise_cross_entropy_loss
+
+__all__ += ["ATTENTION_BACKENDS", "blockwise_cross_entropy_loss"]
+# --- end M1 exports ---
+
+# --- M2 exports ---
+from .config import mask_padded_vocab, padded_vocab_size  # noqa: E402
+from .llama import QkNormAttention  # noqa: E402
+
+__all__ += ["QkNormAttention", "mask_padded_vocab", "padded_vocab_size"]
+# --- end M2 exports ---
+
+# --- Z1 exports ---
+from .mistral import MistralConfig, MistralLMHeadModel  # noqa: E402
+from .qwen import QwenConfig, QwenLMHeadModel  # noqa: E402
+from .qwen3 import Qwen3Config, Qwen3LMHeadModel  # noqa: E402
+
+__all__ += ["MistralConfig", "MistralLMHeadModel", "Qwen3Config", "Qwen3LMHeadModel", "QwenConfig", "QwenLMHeadModel"]
+# --- end Z1 exports ---
+
+# --- Z2 exports ---
+from .gemma import GemmaConfig, GemmaLayout, GemmaLMHeadModel, GemmaRmsNorm  # noqa: E402
+from .gemma2 import Gemma2Config  # noqa: E402
+from .gemma3 import Gemma3Config  # noqa: E402
+
+__all__ += ["Gemma2Config", "Gemma3Config", "GemmaConfig", "GemmaLMHeadModel", "GemmaLayout", "GemmaRmsNorm"]
+# --- end Z2 exports ---
+
+# --- Z3 exports ---
+from .lm import compute_next_token_loss_and_aux  # noqa: E402
+from .mixtral import MixtralConfig, MixtralLMHeadModel  # noqa: E402
+from .moe import MoeMlp, RouterOutput, load_balancing_loss, route_top_k  # noqa: E402
+from .olmo2 import Olmo2Config, Olmo2LMHeadModel  # noqa: E402
+
+__all__ += [
+    "MixtralConfig",
+    "MixtralLMHeadModel",
+    "MoeMlp",
+    "Olmo2Config",
+    "Olmo2LMHeadModel",
+    "RouterOutput",
+    "compute_next_token_loss_and_aux",
+    "load_balancing_loss",
+    "route_top_k",
+]
+# --- end Z3 exports ---
