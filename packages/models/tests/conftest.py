@@ -36,7 +36,9 @@ def _port(hf_model: Any, **config_overrides: Any) -> Any:
     hf_config = hf_model.config.to_dict()
     config = config_for_type(hf_config["model_type"]).from_hf_config(hf_config)
     config = dataclasses.replace(config, **config_overrides)
-    template = config.build(hax.Axis("vocab", hf_config["vocab_size"]), key=jax.random.key(0))
+    # a shape-only template: building random weights only to overwrite them is slow (compilation of init)
+    vocab = hax.Axis("vocab", hf_config["vocab_size"])
+    template = eqx.filter_eval_shape(lambda key: config.build(vocab, key=key), jax.random.key(0))
     state = {k: jnp.asarray(v.detach().numpy()) for k, v in hf_model.state_dict().items()}
     return template.from_hf_state_dict(state)
 
