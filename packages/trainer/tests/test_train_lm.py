@@ -94,9 +94,9 @@ def test_config_differences_splits_fixed_and_free_keys():
 @pytest.mark.integration
 def test_train_lm_end_to_end_export_and_eval(tmp_path, tiny_lm_overrides):
     """Loss falls; logs, run record and checkpoint exist; the export loads in transformers with our logits."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     import jax
+    import torch
+    import transformers
 
     import ponente.namedtensor as hax
     from ponente.models import AttentionMask
@@ -205,3 +205,75 @@ def test_hello_world_runs_a_few_steps(tmp_path):
     assert (tmp_path / "ponente_hello" / "checkpoints" / run.name / "step-3" / "metadata.json").is_file()
     metrics = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in metrics if "train/loss" in line] == [1, 2, 3]
+
+
+LEVANTER_LLAMA_SMALL_FAST = """
+data:
+  train_urls:
+    - "{train}"
+  validation_urls:
+    - "{validation}"
+  cache_dir: "{cache}"
+  tokenizer: "{tokenizer}"
+model:
+  type: llama
+  hidden_dim: 768
+  intermediate_dim: 2048
+  num_heads: 12
+  num_kv_heads: 12
+  num_layers: 12
+  seq_len: 1024
+  gradient_checkpointing: true
+trainer:
+  tracker:
+    - type: wandb
+      project: "levanter"
+      tags: [ "openwebtext", "llama", "itest"]
+
+  mp: p=f32,c=bfloat16
+  model_axis_size: 1
+  per_device_parallelism: -1
+
+  train_batch_size: 256
+  num_train_steps: 20000
+optimizer:
+  learning_rate: 1E-3
+  weight_decay: 0.1
+  warmup: 0.01
+"""
+
+
+@pytest.mark.integration
+def test_levanter_llama_small_fast_yaml_runs(tmp_path, monkeypatch, tiny_lm_overrides):
+    """Levanter's llama_small_fast.yaml with local data paths parses as is and trains (shrunk to CPU size)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    overrides = tiny_lm_overrides(1)
+    train = next(o for o in overrides if o.startswith("data.train_urls=")).split("=", 1)[1].strip("[]")
+    validation = next(o for o in overrides if o.startswith("data.validation_urls=")).split("=", 1)[1].strip("[]")
+    path = tmp_path / "llama_small_fast.yaml"
+    path.write_text(
+        LEVANTER_LLAMA_SMALL_FAST.format(
+            train=train, validation=validation, cache=tmp_path / "cache", tokenizer=TOKENIZER
+        )
+    )
+    cfg = load_config(TrainLmConfig, [str(path)])
+    assert cfg.model.model_type == "llama"
+    assert cfg.model.gradient_checkpointing is True
+    assert cfg.trainer.mp == "p=f32,c=bfloat16"
+    assert cfg.trainer.train_batch_size == 256
+    assert cfg.trainer.tracker[0].choice_name == "wandb"
+    assert cfg.trainer.tracker[0].tags == (
+        "openwebtext",
+        "llama",
+        "itest",
+    )
+    assert cfg.optimizer.learning_rate == 1e-3
+    assert cfg.optimizer.warmup == 0.01
+    # unchanged except what a 2-core CPU cannot run at full size
+    shrink = ["--trainer.num_train_steps", "2", "--trainer.train_batch_size", "2", "--model.seq_len", "32",
+              "--model.hidden_dim", "48", "--model.intermediate_dim", "64", "--model.num_layers", "2",
+              "--model.num_heads", "4", "--model.num_kv_heads", "2", "--sample.num_tokens", "0"]  # fmt: skip
+    assert train_lm.main(["--config_path", str(path), *shrink]) == 0
+    assert list((tmp_path / "wandb").glob("offline-run-*"))

@@ -80,7 +80,9 @@ def _sample_loop(
     window = Pos.size
     allowed = jnp.arange(model.Vocab.size) < vocab_size
 
-    def step(carry: tuple[jax.Array, jax.Array, jax.Array], _: None) -> tuple[tuple[jax.Array, ...], jax.Array]:
+    def step(
+        carry: tuple[jax.Array, jax.Array, jax.Array], _: None
+    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], jax.Array]:
         buf, length, key = carry
         logits = model(hax.named(buf, Pos), AttentionMask.causal()).array
         last = jnp.where(allowed, logits[length - 1].astype(jnp.float32), -jnp.inf)
