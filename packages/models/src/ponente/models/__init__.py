@@ -64,10 +64,11 @@ __all__ += ["Gemma2Config", "Gemma3Config", "GemmaConfig", "GemmaLMHeadModel", "
 # --- Z3 exports ---
 from .lm import compute_next_token_loss_and_aux  # noqa: E402
 from .mixtral import MixtralConfig, MixtralLMHeadModel  # noqa: E402
-from .moe import MoeMlp, RouterOutput, load_balancing_loss, route_top_k  # noqa: E402
+from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k  # noqa: E402
 from .olmo2 import Olmo2Config, Olmo2LMHeadModel  # noqa: E402
 
 __all__ += [
+    "MOE_DISPATCHES",
     "MixtralConfig",
     "MixtralLMHeadModel",
     "MoeMlp",

@@ -29,7 +29,13 @@ from .attention import AttentionMask
 if TYPE_CHECKING:
     from .config import LmConfig
 
-__all__ = ["LmExample", "LmHeadModel", "blockwise_cross_entropy_loss", "compute_next_token_loss"]
+__all__ = [
+    "LmExample",
+    "LmHeadModel",
+    "blockwise_cross_entropy_loss",
+    "compute_next_token_loss",
+    "compute_next_token_loss_and_aux",
+]
 
 M = TypeVar("M", bound="LmHeadModel")
 
@@ -113,6 +119,48 @@ class LmHeadModel(ModuleWithStateDictSerialization):
             f"{type(self).__name__} does not implement get_lm_head(); it is needed for the blockwise loss "
             "(compute_next_token_loss(..., block_size=...)); use block_size=None"
         )
+
+    def logits_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+    ) -> tuple[NamedArray, dict[str, NamedArray]]:
+        """Logits and the model's auxiliary losses, computed in the same forward pass.
+
+        Auxiliary losses are named scalar terms, already weighted, that :func:`compute_next_token_loss`
+        adds to the objective (e.g. a mixture of experts' ``router_aux_loss``). Models without any keep
+        this default, which returns ``(self(...), {})``.
+
+        Args:
+            input_ids: integer token ids with a ``position`` axis (and any batch axes).
+            attn_mask: the attention mask (None: causal).
+            key: PRNG key for dropout (unused by deterministic models).
+
+        Returns:
+            ``(logits, {name: scalar})``.
+        """
+        return self(input_ids, attn_mask, key=key), {}
+
+    def activations_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+    ) -> tuple[NamedArray, dict[str, NamedArray]]:
+        """:meth:`activations` and the auxiliary losses (see :meth:`logits_and_aux`); default: no auxiliary loss.
+
+        Args:
+            input_ids: integer token ids with a ``position`` axis (and any batch axes).
+            attn_mask: the attention mask (None: causal).
+            key: PRNG key for dropout (unused by deterministic models).
+
+        Returns:
+            ``(hidden states, {name: scalar})``.
+        """
+        return self.activations(input_ids, attn_mask, key=key), {}
 
     # Hugging Face PyTorch parameters stored (in, out) (GPT-2's Conv1D); keys ending with these are transposed
     _hf_transposed_suffixes: ClassVar[tuple[str, ...]] = ()
@@ -384,6 +432,9 @@ def compute_next_token_loss(
     ``logsumexp_weight * logsumexp(logits_i)**2`` if a z-loss weight is given. With ``block_size``, the
     loss is computed from the model's hidden states and output projection one vocabulary block at a
     time (:func:`blockwise_cross_entropy_loss`), so the ``(..., position, vocab)`` logits never exist.
+    The model's auxiliary losses (:meth:`LmHeadModel.logits_and_aux`, e.g. an MoE load-balancing
+    term) are added to the ``"mean"`` and ``"sum"`` results; ``"none"`` returns the cross-entropy only.
+    :func:`compute_next_token_loss_and_aux` also returns them, for logging.
 
     Args:
         model: the model.
@@ -402,12 +453,43 @@ def compute_next_token_loss(
         ValueError: for an unknown ``reduction``.
         NotImplementedError: with ``block_size``, for a model without ``activations``/``get_lm_head``.
     """
+    return compute_next_token_loss_and_aux(
+        model,
+        example,
+        key=key,
+        logsumexp_weight=logsumexp_weight,
+        loss_dtype=loss_dtype,
+        reduction=reduction,
+        block_size=block_size,
+    )[0]
+
+
+def compute_next_token_loss_and_aux(
+    model: LmHeadModel,
+    example: LmExample,
+    *,
+    key: jax.Array | None = None,
+    logsumexp_weight: float | None = None,
+    loss_dtype: Any = jnp.float32,
+    reduction: str = "mean",
+    block_size: int | None = None,
+) -> tuple[NamedArray, dict[str, NamedArray]]:
+    """:func:`compute_next_token_loss` (same arguments), also returning the model's auxiliary losses.
+
+    Returns:
+        ``(loss, {name: weighted scalar term})``; for ``"mean"`` and ``"sum"`` the loss already includes
+        the terms, for ``"none"`` it does not.
+
+    Raises:
+        ValueError: for an unknown ``reduction``.
+        NotImplementedError: with ``block_size``, for a model without ``activations``/``get_lm_head``.
+    """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"compute_next_token_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     Pos = example.tokens.resolve_axis("position")
     targets = hax.roll(example.tokens, -1, Pos)
     if block_size is not None:
-        hidden = model.activations(example.tokens, example.attn_mask, key=key)
+        hidden, aux = model.activations_and_aux(example.tokens, example.attn_mask, key=key)
         loss = blockwise_cross_entropy_loss(
             hidden,
             model.get_lm_head(),
@@ -417,7 +499,8 @@ def compute_next_token_loss(
             dtype=loss_dtype,
         )
     else:
-        logits = model(example.tokens, example.attn_mask, key=key).astype(loss_dtype)
+        logits, aux = model.logits_and_aux(example.tokens, example.attn_mask, key=key)
+        logits = logits.astype(loss_dtype)
         Vocab = model.Vocab
         lse = hax.nn.logsumexp(logits, Vocab)
         target_logits = hax.sum(logits * hax.nn.one_hot(targets, Vocab, dtype=loss_dtype), Vocab)
@@ -426,8 +509,10 @@ def compute_next_token_loss(
             loss = loss + logsumexp_weight * lse * lse
     loss = loss * example.loss_mask.astype(loss_dtype)
     if reduction == "none":
-        return loss
+        return loss, aux
     total = hax.sum(loss)
-    if reduction == "sum":
-        return total
-    return total / hax.maximum(hax.sum(example.loss_mask.astype(loss_dtype)), 1.0)
+    if reduction == "mean":
+        total = total / hax.maximum(hax.sum(example.loss_mask.astype(loss_dtype)), 1.0)
+    for term in aux.values():
+        total = total + term.astype(loss_dtype)
+    return total, aux

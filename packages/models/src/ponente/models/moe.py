@@ -1,0 +1,226 @@
+"""A sparse mixture-of-experts MLP: top-k routing, capacity-free dispatch with named ops, load-balancing loss.
+
+The experts are SwiGLU MLPs whose weights carry an ``experts`` axis, so sharding them over a mesh axis
+(expert parallelism) is one entry of an axis mapping, e.g. ``{"experts": "data"}``; no model code changes.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor.nn import Linear
+from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
+
+__all__ = ["MOE_DISPATCHES", "MoeMlp", "RouterOutput", "load_balancing_loss", "route_top_k"]
+
+MOE_DISPATCHES = ("dense", "sorted")
+"""The expert dispatch strategies of :class:`MoeMlp`."""
+
+TOP_K = "top_k"
+"""The name of the axis of the ``k`` experts chosen per token."""
+
+
+class RouterOutput(eqx.Module):
+    """What the router decided for every token.
+
+    Attributes:
+        probs: the softmax of the router logits over ``experts`` (float32), ``(..., experts)``.
+        weights: the combination weights of the chosen experts, renormalized to sum to 1, ``(..., top_k)``.
+        indices: the chosen experts (integer ids, best first), ``(..., top_k)``.
+    """
+
+    probs: NamedArray
+    weights: NamedArray
+    indices: NamedArray
+
+
+def route_top_k(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutput:
+    """Top-k routing as Mixtral does it: softmax over experts, keep the ``k`` best, renormalize their weights.
+
+    The softmax is computed in float32 whatever the logits' dtype (as ``transformers`` does).
+
+    Args:
+        router_logits: ``(..., Experts)`` router logits.
+        Experts: the experts axis.
+        k: experts per token (``num_experts_per_tok``), between 1 and ``Experts.size``.
+
+    Returns:
+        The probabilities, the chosen experts and their combination weights (axis ``top_k`` of size ``k``).
+
+    Raises:
+        ValueError: if ``k`` is not in ``1 .. Experts.size``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> E = hax.Axis("experts", 3)
+        >>> r = route_top_k(hax.named(jnp.log(jnp.array([0.2, 0.5, 0.3])), "experts"), E, 2)
+        >>> r.indices.array.tolist(), [round(w, 4) for w in r.weights.array.tolist()]
+        ([1, 2], [0.625, 0.375])
+    """
+    if not 1 <= k <= Experts.size:
+        raise ValueError(f"route_top_k: k must be in 1..{Experts.size} (the size of axis {Experts.name!r}), got {k}")
+    probs = hax.nn.softmax(router_logits.astype(jnp.float32), Experts)
+    top, indices = hax.top_k(probs, Experts, k, new_axis=TOP_K)
+    return RouterOutput(probs=probs, weights=top / hax.sum(top, TOP_K), indices=indices)
+
+
+def _assignments(indices: NamedArray, Experts: Axis) -> NamedArray:
+    """``(..., experts)``: how many of a token's top-k slots chose each expert (0 or 1 each)."""
+    return hax.sum(hax.nn.one_hot(indices, Experts, dtype=jnp.float32), TOP_K)
+
+
+def load_balancing_loss(probs: NamedArray, indices: NamedArray, Experts: Axis) -> NamedArray:
+    """The Switch-Transformer load-balancing loss, as ``transformers``' ``load_balancing_loss_func`` computes it.
+
+    ``E * sum_e f_e * P_e``, where ``f_e`` is the number of top-k assignments to expert ``e`` divided
+    by the number of tokens and ``P_e`` the mean router probability of ``e``; both are averaged over
+    every axis but ``Experts`` (tokens of every batch row, position and layer, as transformers
+    concatenates the layers' router logits). Its minimum, ``k``, is reached by a perfectly balanced router.
+
+    Args:
+        probs: router probabilities ``(..., Experts)`` (e.g. stacked over layers).
+        indices: the chosen experts ``(..., top_k)`` with the same other axes.
+        Experts: the experts axis.
+
+    Returns:
+        A scalar NamedArray (float32).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> E = hax.Axis("experts", 2)
+        >>> r = route_top_k(hax.named(jnp.array([[1.0, 0.0], [0.0, 1.0]]), ("position", "experts")), E, 1)
+        >>> float(load_balancing_loss(r.probs, r.indices, E).scalar())
+        1.0
+    """
+    f = hax.mean(_assignments(indices, Experts), axis=tuple(ax for ax in indices.axes if ax.name != TOP_K))
+    p = hax.mean(probs.astype(jnp.float32), axis=tuple(ax for ax in probs.axes if ax.name != Experts.name))
+    return hax.sum(f * p) * Experts.size
+
+
+class MoeMlp(ModuleWithStateDictSerialization):
+    """A sparse mixture of SwiGLU experts with top-k routing (Mixtral's ``block_sparse_moe``).
+
+    Each token goes to the ``k`` experts its router scores highest; the output is the sum of their
+    outputs weighted by the renormalized router probabilities. Dispatch is *capacity-free* (no token
+    is ever dropped), by one of two strategies:
+
+    - ``"dense"`` (default), written with named ops: every expert computes every token, and the
+      combination weights (zero outside the top-k) are contracted over the ``experts`` axis, so the
+      experts shard over any mesh axis the ``experts`` axis maps to. It costs ``num_experts / k`` times
+      the expert FLOPs of a sparse dispatch: ``6 * E * embed * mlp`` per token instead of
+      ``6 * k * embed * mlp`` (plus ``2 * E * embed`` for the router).
+    - ``"sorted"``: the ``tokens * k`` assignments are sorted by expert, each expert multiplies only
+      its own tokens (``jax.lax.ragged_dot``, grouped matrix products), and the weighted results are
+      scattered back: ``6 * k * embed * mlp`` FLOPs per token. Meant for one device (or replicated
+      experts); under an ``experts`` sharding the compiler may gather the expert weights.
+
+    Attributes:
+        router: ``Embed -> Experts`` without bias (state-dict key ``gate``).
+        gate_proj: ``(experts, mlp, embed)``, the experts' gate projections (key ``experts.w1``).
+        up_proj: ``(experts, mlp, embed)``, the experts' up projections (key ``experts.w3``).
+        down_proj: ``(experts, embed, mlp)``, the experts' down projections (key ``experts.w2``).
+        num_experts_per_tok: ``k`` (static).
+        dispatch: ``"dense"`` or ``"sorted"`` (static).
+    """
+
+    router: Linear
+    gate_proj: NamedArray
+    up_proj: NamedArray
+    down_proj: NamedArray
+    num_experts_per_tok: int = eqx.field(static=True)
+    dispatch: str = eqx.field(static=True, default="dense")
+
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        return {"router": "gate", "gate_proj": "experts.w1", "up_proj": "experts.w3", "down_proj": "experts.w2"}
+
+    @staticmethod
+    def init(
+        Embed: Axis, Mlp: Axis, Experts: Axis, num_experts_per_tok: int, *, key: jax.Array, dispatch: str = "dense"
+    ) -> MoeMlp:
+        """Create a randomly initialized layer (normal weights scaled by ``1/sqrt(fan_in)``).
+
+        Args:
+            Embed: the model-width axis.
+            Mlp: one expert's hidden axis.
+            Experts: the experts axis.
+            num_experts_per_tok: ``k``, the experts per token.
+            key: the PRNG key.
+            dispatch: ``"dense"`` or ``"sorted"`` (see the class docstring).
+
+        Returns:
+            The layer.
+
+        Raises:
+            ValueError: if ``num_experts_per_tok`` is not in ``1 .. Experts.size``, or for an unknown ``dispatch``.
+        """
+        if dispatch not in MOE_DISPATCHES:
+            raise ValueError(f"MoeMlp.init: dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
+        if not 1 <= num_experts_per_tok <= Experts.size:
+            raise ValueError(
+                f"MoeMlp.init: num_experts_per_tok must be in 1..{Experts.size} (the number of experts), "
+                f"got {num_experts_per_tok}"
+            )
+        k_router, k_gate, k_up, k_down = jax.random.split(key, 4)
+        return MoeMlp(
+            router=Linear.init(Embed, Experts, key=k_router, use_bias=False),
+            gate_proj=hax.random.normal(k_gate, (Experts, Mlp, Embed)) * (Embed.size**-0.5),
+            up_proj=hax.random.normal(k_up, (Experts, Mlp, Embed)) * (Embed.size**-0.5),
+            down_proj=hax.random.normal(k_down, (Experts, Embed, Mlp)) * (Mlp.size**-0.5),
+            num_experts_per_tok=num_experts_per_tok,
+            dispatch=dispatch,
+        )
+
+    @property
+    def Experts(self) -> Axis:
+        """The experts axis."""
+        return self.gate_proj.resolve_axis("experts")
+
+    def route(self, x: NamedArray) -> RouterOutput:
+        """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`)."""
+        return route_top_k(self.router(x), self.Experts, self.num_experts_per_tok)
+
+    def __call__(self, x: NamedArray) -> tuple[NamedArray, RouterOutput]:
+        """Apply the experts to ``x`` ``(..., embed)``.
+
+        Args:
+            x: the input.
+
+        Returns:
+            ``(output with x's axes, the routing decision)``; the latter feeds :func:`load_balancing_loss`.
+        """
+        routing = self.route(x)
+        if self.dispatch == "sorted":
+            return self._sorted(x, routing), routing
+        Experts = self.Experts
+        # dense [tokens..., experts] combination weights, zero outside each token's top-k
+        combine = hax.sum(
+            hax.nn.one_hot(routing.indices, Experts, dtype=x.dtype) * routing.weights.astype(x.dtype), TOP_K
+        )
+        Embed = x.resolve_axis("embed")
+        hidden = hax.nn.silu(hax.dot(x, self.gate_proj, axis=Embed)) * hax.dot(x, self.up_proj, axis=Embed)
+        out = hax.dot(hidden * combine, self.down_proj, axis=(Experts.name, "mlp"))
+        return out, routing
+
+    def _sorted(self, x: NamedArray, routing: RouterOutput) -> NamedArray:
+        """The ``"sorted"`` dispatch: grouped matrix products over the assignments sorted by expert."""
+        Embed = x.resolve_axis("embed")
+        token_axes = tuple(ax for ax in x.axes if ax.name != Embed.name)
+        k, n_experts = self.num_experts_per_tok, self.Experts.size
+        tokens = x.rearrange((*token_axes, Embed)).array.reshape(-1, Embed.size)
+        chosen = routing.indices.rearrange((*token_axes, TOP_K)).array.reshape(-1)
+        weights = routing.weights.rearrange((*token_axes, TOP_K)).array.reshape(-1)
+        order = jnp.argsort(chosen, stable=True)
+        source = order // k  # the token of each sorted assignment
+        group_sizes = jnp.bincount(chosen, length=n_experts).astype(jnp.int32)
+        xs = tokens[source]
+        w1 = self.gate_proj.rearrange(("experts", "embed", "mlp")).array
+        w3 = self.up_proj.rearrange(("experts", "embed", "mlp")).array
+        w2 = self.down_proj.rearrange(("experts", "mlp", "embed")).array
+        hidden = jax.nn.silu(jax.lax.ragged_dot(xs, w1, group_sizes)) * jax.lax.ragged_dot(xs, w3, group_sizes)
+        ys = jax.lax.ragged_dot(hidden, w2, group_sizes) * weights[order][:, None].astype(x.dtype)
+        out = jnp.zeros_like(tokens).at[source].add(ys)
+        return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))
