@@ -277,3 +277,14 @@ def test_levanter_llama_small_fast_yaml_runs(tmp_path, monkeypatch, tiny_lm_over
               "--model.num_heads", "4", "--model.num_kv_heads", "2", "--sample.num_tokens", "0"]  # fmt: skip
     assert train_lm.main(["--config_path", str(path), *shrink]) == 0
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    ["gpt2", "llama", "mistral", "mixtral", "qwen", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "olmo2"],
+)
+def test_every_architecture_is_selectable_by_type(model_type):
+    from ponente.models import config_for_type
+
+    cfg = load_config(TrainLmConfig, overrides=[f"model.type={model_type}"])
+    assert type(cfg.model) is config_for_type(model_type)
