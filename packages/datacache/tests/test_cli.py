@@ -94,8 +94,9 @@ def test_ctrl_c_stops_cleanly_and_resumes(
     import sys
     import time
 
-    docs = helpers.make_documents(1500, seed=21)
-    corpus = write_jsonl("in/a.jsonl", docs)
+    # many shards, so the build is still running when the signal arrives even on a loaded machine
+    docs = helpers.make_documents(12000, seed=21)
+    shards = [write_jsonl(f"in/part-{i:02d}.jsonl", docs[i * 500 : (i + 1) * 500]) for i in range(24)]
     out = tmp_path / "cache"
     argv = [
         "build",
@@ -106,7 +107,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(
         "--workers",
         "1",
         "--no-progress",
-        str(corpus),
+        *map(str, shards),
     ]
     code = f"import sys; from ponente.datacache.cli import main\nif __name__ == '__main__': sys.exit(main({argv!r}))"
     script = tmp_path / "run.py"
