@@ -61,3 +61,33 @@ def tiny_lm_overrides(tmp_path: Path):
         return tiny_overrides(tmp_path, train, validation, steps)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def tiny_lm_shared(tmp_path_factory: pytest.TempPathFactory):
+    """A factory ``(directory, steps) -> overrides`` whose runs share one corpus and token cache per test module.
+
+    Each run's tracker, checkpoints and run record go under ``directory``; the corpus and the cache are
+    built once, so several runs (e.g. a reference and interrupted copies of it) do not rebuild them.
+    """
+    root = tmp_path_factory.mktemp("tiny_lm_shared")
+    train, validation = tiny_corpus(root)
+
+    def make(directory: Path, steps: int) -> list[str]:
+        overrides = tiny_overrides(directory, train, validation, steps)
+        return [f"data.cache_dir={root / 'cache'}" if o.startswith("data.cache_dir=") else o for o in overrides]
+
+    return make
+
+
+@pytest.fixture
+def tiny_lm_run_overrides(tmp_path: Path):
+    """A factory ``(name, steps) -> overrides`` of tiny runs that share one corpus, each under ``tmp_path/name``."""
+    train, validation = tiny_corpus(tmp_path)
+
+    def make(name: str, steps: int) -> list[str]:
+        where = tmp_path / name
+        where.mkdir(exist_ok=True)
+        return tiny_overrides(where, train, validation, steps)
+
+    return make

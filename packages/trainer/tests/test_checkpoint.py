@@ -330,8 +330,10 @@ _KILL_SCRIPT = textwrap.dedent(
            "big": [jnp.full((1024, 1024), i, jnp.float32) for i in range(96)]}
     ckpt = Checkpointer(run, save_interval=datetime.timedelta(hours=1), keep=[])
     ckpt.save(big, step=2)
-    while not os.path.exists(run + "/step-2/d"):  # the background thread is writing array data
+    deadline = time.monotonic() + 120
+    while not os.path.exists(run + "/step-2/process-0/d"):  # the background thread is writing array data
         time.sleep(0.001)
+        assert time.monotonic() < deadline, "the save never started writing"
     print("saving", flush=True)
     ckpt.wait_until_finished()
     print("finished", flush=True)

@@ -1,8 +1,9 @@
 """Checkpoints of the full training state: TensorStore zarr3 in a few files, async, atomically committed.
 
-Layout: ``<base_path>/<run_id>/step-<N>/`` holds one OCDBT key-value store (a handful of large files)
-with one zarr3 array per array leaf, keyed by the leaf's dotted tree path
-(``model.transformer.layers.stacked.mlp.up_proj.weight``), and ``metadata.json`` (step, timestamp,
+Layout: ``<base_path>/<run_id>/step-<N>/`` holds one OCDBT key-value store per writing process
+(``process-<i>/``, a handful of large files) with one zarr3 array per array leaf, keyed by the leaf's
+dotted tree path (``model.transformer.layers.stacked.mlp.up_proj.weight``), the list of blocks each
+process wrote (``process-<i>.json``), and ``metadata.json`` (step, timestamp, number of processes,
 leaves with dtypes, shapes and named axes, versions, user metadata such as the resolved config),
 written last as the commit marker. Directories without it are ignored and cleaned up.
 

@@ -109,6 +109,37 @@ class JsonTracker(Tracker):
         with self.artifacts_path.open("a", encoding="utf-8") as f:
             f.write(_dumps(record) + "\n")
 
+    def resume_from(self, step: int) -> None:
+        """Drop the records of steps after ``step`` (left by a run killed after its last checkpoint).
+
+        Records without a step are kept. The file is rewritten atomically (temporary file + rename).
+
+        Args:
+            step: the step the run resumes from.
+        """
+        self._file.close()
+        kept = []
+        dropped = 0
+        for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.strip():
+                continue
+            try:
+                logged = json.loads(line).get("step")
+            except json.JSONDecodeError:
+                # a torn last line of a killed run: drop it
+                dropped += 1
+                continue
+            if logged is not None and logged > step:
+                dropped += 1
+                continue
+            kept.append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            logger.info("json tracker: resuming at step %d, dropped %d records of later steps", step, dropped)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+
     def finish(self) -> None:
         """Close the metrics file."""
         self._file.close()

@@ -80,6 +80,18 @@ class Tracker(abc.ABC):
             type: a free-form kind, e.g. ``"requirements"`` or ``"config"``.
         """
 
+    def resume_from(self, step: int) -> None:
+        """Forget what was logged for steps after ``step``: the run resumes from a checkpoint of ``step``.
+
+        A run killed after its last checkpoint logged steps that the resumed run logs again; trackers
+        that can (``json``) drop those records so the log holds each step once. The default does
+        nothing (TensorBoard readers and W&B keep the last value of a step anyway).
+
+        Args:
+            step: the step the run resumes from (0: a fresh start).
+        """
+        del step
+
     @abc.abstractmethod
     def finish(self) -> None:
         """Flush and close; the tracker must not be used afterwards."""
@@ -143,6 +155,11 @@ class CompositeTracker(Tracker):
         """Forward to every tracker."""
         for tracker in self.trackers:
             tracker.log_artifact(path, name=name, type=type)
+
+    def resume_from(self, step: int) -> None:
+        """Forward to every tracker."""
+        for tracker in self.trackers:
+            tracker.resume_from(step)
 
     def finish(self) -> None:
         """Finish every tracker; if several fail, the first error is raised after all were tried."""
