@@ -113,8 +113,13 @@ def test_ctrl_c_stops_cleanly_and_resumes(
     script = tmp_path / "run.py"
     script.write_text(code)
     # Interrupt as soon as the cache exists (the build is under way, its worker starting or working).
+    # the child must not inherit an ignored SIGINT (as in a background job), or Python installs no handler
     process = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while not (out / "ledger.json").exists() and time.monotonic() < deadline:
