@@ -34,6 +34,7 @@ from ponente.namedtensor.partitioning import ResourceMapping, make_mesh, named_j
 
 from .callbacks import Hook, StepInfo, as_hook
 from .checkpoint import CheckpointerConfig
+from .distributed import DistributedConfig, RayConfig
 from .mfu import device_peak_flops
 from .mfu import mfu as _mfu
 from .state import FilterTree, TrainerState, init_state
@@ -70,6 +71,11 @@ class TrainerConfig:
         id: the run id (None: generated from the time and 6 random hex digits, e.g. ``20250101-120000-a1b2c3``;
             not reproducible, so set it to resume a run under the same name).
         model_axis_size: devices per model-parallel group (the ``model`` mesh axis); the rest form ``data``.
+        replica_axis_size: devices per ``replica`` group (within a slice): the batch is split over
+            ``(replica, data)``, while FSDP parameters are split over ``data`` only and copied across replicas.
+        replica_dcn_axis_size: slices (or, on GPUs/CPUs, groups of processes) the ``replica`` axis spans over
+            the data-center network; > 1 builds a hybrid mesh whose ``replica`` axis is
+            ``replica_dcn_axis_size * replica_axis_size``.
         batch_axis: the logical name of the batch axis.
         fsdp_axis: logical axis (or axes) of parameters split over ``data`` (None: parameters replicated).
         tensor_parallel_axes: logical axes split over ``model`` in parameters and computation.
@@ -90,6 +96,8 @@ class TrainerConfig:
             checkpoint or run directory); the step, optimizer state and data position start at zero.
         allow_config_change: resume even though a field that must stay fixed for bitwise resumption
             (data, tokenizer, seq_len, batch size, mesh, seed) differs from the checkpoint's config.
+        distributed: how this process joins a multi-host run (``jax.distributed``; detected on SLURM).
+        ray: the Ray cluster that builds data caches with ``data.backend: ray``.
     """
 
     seed: int = 0
@@ -103,6 +111,8 @@ class TrainerConfig:
     id: str | None = None
 
     model_axis_size: int = 1
+    replica_axis_size: int = 1
+    replica_dcn_axis_size: int = 1
     batch_axis: str = "batch"
     fsdp_axis: str | list[str] | None = "embed"
     tensor_parallel_axes: list[str] | None = None
@@ -120,6 +130,8 @@ class TrainerConfig:
     load_checkpoint_path: str | None = None
     initialize_from: str | None = None
     allow_config_change: bool = False
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         positive = {
@@ -127,6 +139,8 @@ class TrainerConfig:
             "num_train_steps": self.num_train_steps,
             "steps_per_eval": self.steps_per_eval,
             "model_axis_size": self.model_axis_size,
+            "replica_axis_size": self.replica_axis_size,
+            "replica_dcn_axis_size": self.replica_dcn_axis_size,
         }
         for name, value in positive.items():
             if value < 1:
@@ -140,8 +154,8 @@ class TrainerConfig:
 
     @property
     def compute_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes during computation: batch over ``data``, tensor-parallel axes over ``model``."""
-        mapping: dict[str, Any] = {self.batch_axis: "data"}
+        """Logical -> mesh axes when computing: batch over ``(replica, data)``, tensor-parallel axes on ``model``."""
+        mapping: dict[str, Any] = {self.batch_axis: ("replica", "data")}
         mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
         mapping.update(self.axis_resources)
         return mapping
@@ -160,6 +174,35 @@ class TrainerConfig:
         return mapping
 
 
+def _build_mesh(config: TrainerConfig, devices: list[Any]) -> jax.sharding.Mesh:
+    """The ``(replica, data, model)`` mesh over ``devices``; hybrid (ICI x DCN) when ``replica_dcn_axis_size > 1``."""
+    model, replica, dcn = config.model_axis_size, config.replica_axis_size, config.replica_dcn_axis_size
+    per_group = model * replica * dcn
+    if len(devices) % per_group != 0:
+        raise ValueError(
+            f"trainer.model_axis_size={model} x replica_axis_size={replica} x replica_dcn_axis_size={dcn} "
+            f"= {per_group} does not divide the {len(devices)} devices"
+            if per_group != model
+            else f"trainer.model_axis_size={model} does not divide the {len(devices)} devices"
+        )
+    if dcn == 1:
+        return make_mesh({"replica": replica, "data": -1, "model": model}, devices=devices)
+    from jax.experimental import mesh_utils
+
+    data = len(devices) // per_group
+    granule_is_process = not hasattr(devices[0], "slice_index")
+    try:
+        grid = mesh_utils.create_hybrid_device_mesh(
+            (replica, data, model), (dcn, 1, 1), devices, process_is_granule=granule_is_process
+        )
+    except (ValueError, AssertionError) as e:
+        raise ValueError(
+            f"trainer.replica_dcn_axis_size={dcn}: cannot lay out a hybrid mesh of {dcn} slices/process groups x "
+            f"(replica={replica}, data={data}, model={model}) over {len(devices)} devices: {e}"
+        ) from e
+    return jax.sharding.Mesh(grid, ("replica", "data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
 class NonFiniteLossError(FloatingPointError):
     """The loss or the gradient norm of a step is NaN or infinite (see ``TrainerConfig.crash_on_nan``)."""
 
@@ -175,6 +218,8 @@ def _enable_compilation_cache(path: str) -> None:
     resolved = os.path.expanduser(path)
     os.makedirs(resolved, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", resolved)
+    # cache every compilation that takes noticeable time, so a warm start skips all of them
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     logger.info("JAX persistent compilation cache: %s", resolved)
 
 
@@ -402,13 +447,9 @@ class Trainer:
         if config.compilation_cache_dir:
             _enable_compilation_cache(config.compilation_cache_dir)
 
-        devs = list(jax.devices() if devices is None else devices)
-        if len(devs) % config.model_axis_size != 0:
-            raise ValueError(
-                f"trainer.model_axis_size={config.model_axis_size} does not divide the {len(devs)} devices"
-            )
-        self.mesh = make_mesh({"data": -1, "model": config.model_axis_size}, devices=devs)
-        self.data_axis_size = len(devs) // config.model_axis_size
+        self.mesh = _build_mesh(config, list(jax.devices() if devices is None else devices))
+        self.data_axis_size = self.mesh.shape["replica"] * self.mesh.shape["data"]
+        """Shards of the batch: the sizes of the ``replica`` and ``data`` mesh axes multiplied."""
         self.num_microbatches = self._microbatches(config.train_batch_size, config.per_device_parallelism, "train")
         self.compute_axis_mapping: ResourceMapping = config.compute_axis_mapping
         self.parameter_axis_mapping: ResourceMapping = config.parameter_axis_mapping
@@ -436,7 +477,8 @@ class Trainer:
         if batch_size % data != 0:
             raise ValueError(
                 f"trainer.train_batch_size={batch_size} is not divisible by the data axis size {data} "
-                f"({data * self.config.model_axis_size} devices / model_axis_size {self.config.model_axis_size})"
+                f"({self.mesh.size} devices / model_axis_size {self.config.model_axis_size}; the batch is split "
+                "over the replica and data mesh axes)"
             )
         if per_device == -1:
             return 1
@@ -455,8 +497,46 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             yield
 
+    def process_batch_rows(self, batch_size: int | None = None) -> slice:
+        """The rows of every global batch that this process loads: those of its addressable devices.
+
+        With one process this is the whole batch. With several, each process reads only the examples that
+        land on its own devices along the batch axis (e.g. the second half of the batch for process 1 of 2
+        when the batch is split over all devices); pass them to ``DataLoader(rows=...)``.
+
+        Args:
+            batch_size: the global batch size (default: ``train_batch_size``).
+
+        Returns:
+            A slice of ``range(batch_size)``.
+
+        Raises:
+            ValueError: if this process's rows are not one contiguous block (a mesh whose device order
+                interleaves processes along the batch axis).
+        """
+        size = self.config.train_batch_size if batch_size is None else batch_size
+        sharding = hax.partitioning.sharding_for_axis([self.config.batch_axis], self.compute_axis_mapping, self.mesh)
+        starts: set[int] = set()
+        stops: set[int] = set()
+        for index in sharding.addressable_devices_indices_map((size,)).values():
+            block = index[0] if index else slice(None)
+            starts.add(block.start or 0)
+            stops.add(size if block.stop is None else block.stop)
+        rows = slice(min(starts), max(stops))
+        covered = set().union(*(range(a, b) for a, b in zip(sorted(starts), sorted(stops))))
+        if len(covered) != rows.stop - rows.start:
+            raise ValueError(
+                f"process {jax.process_index()} holds batch rows starting at {sorted(starts)} that are not one "
+                "contiguous block; order the devices so that each process's devices are adjacent along the batch"
+            )
+        return rows
+
     def shard_batch(self, batch: Any) -> Any:
-        """Place a batch on the devices, split along the batch axis over ``data`` (NamedArray leaves).
+        """Place a batch on the devices, split along the batch axis over ``(replica, data)`` (NamedArray leaves).
+
+        The batch may be the whole global batch (every process passes the same data), or, in a
+        multi-process run, only this process's rows (:meth:`process_batch_rows`) of a batch of
+        ``train_batch_size``: then the global arrays are assembled with ``jax.make_array_from_process_local_data``.
 
         Args:
             batch: a pytree of NamedArrays (other leaves are left to ``jit``).
@@ -464,7 +544,25 @@ class Trainer:
         Returns:
             The placed batch.
         """
-        return hax.shard(batch, self.compute_axis_mapping, self.mesh)
+        if jax.process_count() == 1:
+            return hax.shard(batch, self.compute_axis_mapping, self.mesh)
+        rows = self.process_batch_rows()
+        local = rows.stop - rows.start
+
+        def place(leaf: Any) -> Any:
+            if not isinstance(leaf, NamedArray):
+                return leaf
+            sharding = hax.partitioning.sharding_for_axis(leaf.axes, self.compute_axis_mapping, self.mesh)
+            shape = list(leaf.array.shape)
+            if leaf.has_axis(self.config.batch_axis):
+                index = leaf.axis_indices(self.config.batch_axis)
+                if shape[index] == local and local != self.config.train_batch_size:
+                    shape[index] = self.config.train_batch_size
+            data = np.asarray(leaf.array)
+            global_axes = tuple(a.resize(n) for a, n in zip(leaf.axes, shape))
+            return hax.named(jax.make_array_from_process_local_data(sharding, data, tuple(shape)), global_axes)
+
+        return jax.tree_util.tree_map(place, batch, is_leaf=_is_named)
 
     # -- state -------------------------------------------------------------------------------------
     def initial_state(
@@ -708,8 +806,9 @@ class Trainer:
                             f"{int(state.step)}; start the loader at the state's step"
                         )
                     examples = self.config.train_batch_size
-                    tokens = _tokens_in(batch)
-                    state, device_metrics = self.train_step(state, self.shard_batch(batch))
+                    placed = self.shard_batch(batch)  # in a multi-process run, `batch` holds this process's rows
+                    tokens = _tokens_in(placed)
+                    state, device_metrics = self.train_step(state, placed)
                     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
                     t2 = time.perf_counter()
                     step = data_step + 1

@@ -141,6 +141,9 @@ _MUST_STAY_FIXED = (
     "trainer.train_batch_size",
     "trainer.per_device_parallelism",
     "trainer.model_axis_size",
+    "trainer.replica_axis_size",
+    "trainer.replica_dcn_axis_size",
+    "trainer.tensor_parallel_axes",
     "trainer.mp",
     "num_devices",
 )
@@ -225,6 +228,77 @@ def _restore(
     return state, None
 
 
+def _pad_vocab_for_partitioning(model_config: LmConfig, tcfg: TrainerConfig, num_devices: int) -> LmConfig:
+    """Round the vocabulary up (``vocab_padding_multiple``) so that it splits evenly where it is sharded."""
+    import math
+
+    model = tcfg.model_axis_size
+    replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
+    sizes = {"model": model, "replica": replica, "data": max(num_devices // (model * replica), 1)}
+    shards = 1
+    for mapping in (tcfg.parameter_axis_mapping, tcfg.compute_axis_mapping):
+        physical = mapping.get("vocab")
+        names = [physical] if isinstance(physical, str) else list(physical or ())
+        shards = math.lcm(shards, math.prod(sizes.get(n, 1) for n in names))
+    multiple = math.lcm(model_config.vocab_padding_multiple, shards)
+    if multiple == model_config.vocab_padding_multiple:
+        return model_config
+    logger.info(
+        "vocab_padding_multiple %d -> %d: the vocab axis is split %d ways",
+        model_config.vocab_padding_multiple,
+        multiple,
+        shards,
+    )
+    return dataclasses.replace(model_config, vocab_padding_multiple=multiple)
+
+
+def _build_caches_once(data: Any, tcfg: TrainerConfig) -> None:
+    """In a multi-process run, process 0 builds the caches (on Ray with ``data.backend: ray``); the others wait.
+
+    Every process then opens the finished caches, so no two processes ever write the same cache.
+    """
+    import jax
+
+    if getattr(data, "backend", "local") == "ray" or any(
+        getattr(c, "backend", "local") == "ray" for c in getattr(data, "configs", {}).values()
+    ):
+        head = (tcfg.distributed.coordinator_address or "").rpartition(":")[0] or None
+        tcfg.ray.initialize(process_index=jax.process_index(), num_processes=jax.process_count(), head_host=head)
+    if jax.process_count() == 1:
+        return
+    from ponente.trainer.distributed import barrier
+
+    if jax.process_index() == 0:
+        logger.info("process 0 builds the data caches; the other processes wait for them")
+        data.build_all_caches(progress=False)
+    barrier("ponente.train_lm: data caches built")
+
+
+def _rows_recorder(rows: slice, batch_size: int) -> Any:
+    """``record(step, batch) -> batch``; with ``$PONENTE_RECORD_ROWS`` set, it appends the global example indices
+    and the number of rows this process loaded for each step to ``$PONENTE_RECORD_ROWS.<process index>``."""
+    where = os.environ.get("PONENTE_RECORD_ROWS")
+
+    def record(step: int, batch: Any) -> Any:
+        if where:
+            import json
+
+            import jax
+
+            from ponente.trainer.data.loader import step_indices
+
+            line = {
+                "step": step,
+                "indices": step_indices(step, batch_size, rows).tolist(),
+                "loaded": len(batch["input_ids"]),
+            }
+            with open(f"{where}.{jax.process_index()}", "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+        return batch
+
+    return record
+
+
 def _eval_batches(dataset: Any, batch_size: int, limit: int | None) -> Iterator[dict[str, Any]]:
     from ponente.trainer.data import batch_for_step
 
@@ -259,6 +333,7 @@ def train(config: TrainLmConfig) -> TrainResult:
     # partitionable threefry: random bits do not depend on how arrays are sharded, so a run resumed on
     # another mesh draws the same dropout masks and the same initialization
     jax.config.update("jax_threefry_partitionable", True)
+    config.trainer.distributed.initialize()  # before anything touches a device
 
     import ponente.namedtensor as hax
     from ponente.trainer.config import config_to_dict
@@ -276,6 +351,7 @@ def train(config: TrainLmConfig) -> TrainResult:
         from ponente.models.hf import load_pretrained
 
         model_config = load_pretrained(config.initialize_from_hf).config
+    model_config = _pad_vocab_for_partitioning(model_config, config.trainer, jax.device_count())
     vocab_size = data.the_vocab_size
     Vocab = hax.Axis("vocab", vocab_size)
     seq_len = model_config.seq_len
@@ -300,6 +376,12 @@ def train(config: TrainLmConfig) -> TrainResult:
             if isinstance(where, str):
                 outputs[f"{tracker_config.choice_name} logs"] = _resolve(where.format(run_id=run_id))
 
+    # the caches build in background threads while the model and the step compile
+    data_seed = tcfg.seed if config.data_seed is None else config.data_seed
+    _build_caches_once(data, tcfg)
+    train_set = data.train_set(seq_len, seed=data_seed, batch_size=tcfg.train_batch_size)
+    validation = data.validation_sets(seq_len)
+
     optimizer = config.optimizer
     trainer = Trainer(
         tcfg,
@@ -319,10 +401,9 @@ def train(config: TrainLmConfig) -> TrainResult:
         state = eqx.tree_at(lambda s: s.model, state, pretrained)
     state, resumed_from = _restore(state, tcfg, checkpointer, provenance)
     start_step = int(state.step)
+    # the log then holds each step once: records a killed run wrote after its last checkpoint are dropped
+    tracker.resume_from(start_step)
 
-    data_seed = tcfg.seed if config.data_seed is None else config.data_seed
-    train_set = data.train_set(seq_len, seed=data_seed, batch_size=tcfg.train_batch_size)
-    validation = data.validation_sets(seq_len)
     eval_batch = tcfg.train_batch_size
     last_eval: dict[str, float] = {}
     losses: list[float] = []
@@ -351,9 +432,13 @@ def train(config: TrainLmConfig) -> TrainResult:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     previous_term = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
-    loader = DataLoader(train_set, tcfg.train_batch_size, start_step=start_step, stop_step=tcfg.num_train_steps)
+    rows = trainer.process_batch_rows()  # this process loads only the rows of its own devices
+    loader = DataLoader(
+        train_set, tcfg.train_batch_size, start_step=start_step, stop_step=tcfg.num_train_steps, rows=rows
+    )
+    record = _rows_recorder(rows, tcfg.train_batch_size)
     try:
-        named = ((step, lm_batch(batch)) for step, batch in loader)
+        named = ((step, lm_batch(record(step, batch))) for step, batch in loader)
         state = trainer.train(state, named, eval_fn=eval_fn if validation else None)
     finally:
         loader.close()
