@@ -135,8 +135,9 @@ def _wait_for_cache(out: Path, process: subprocess.Popen, timeout: float = 60) -
 def test_kill_9_then_resume_is_byte_identical(
     tmp_path: Path, write_jsonl: Callable[..., Path], tokenizer_path: Path, helpers: type
 ) -> None:
-    docs = helpers.make_documents(900, seed=3)
-    inputs = [str(write_jsonl(f"k/part{i}.jsonl", docs[300 * i : 300 * i + 300])) for i in range(3)]
+    # enough rows after the last kill target that the build cannot finish before SIGKILL lands, even under load
+    docs = helpers.make_documents(2000, seed=3)
+    inputs = [str(write_jsonl(f"k/part{i}.jsonl", docs[500 * i : 500 * i + 500])) for i in range(4)]
     reference = tmp_path / "reference"
     build_cache(inputs, reference, tokenizer=tokenizer_path, workers=0, progress=False)
 
@@ -148,7 +149,7 @@ def test_kill_9_then_resume_is_byte_identical(
     process.send_signal(signal.SIGKILL)
     process.wait()
     seen = []
-    for target in (30, 320, 650):
+    for target in (30, 700, 1300):
         process = _start_build(tmp_path, inputs, out, tokenizer_path, **options)
         cache = _wait_for_cache(out, process)
         assert cache.wait_until(rows=target, timeout=120)  # type: ignore[attr-defined]

@@ -98,6 +98,28 @@ def test_gradient_accumulation_equals_the_full_batch(per_device):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
+def test_extra_metrics_of_the_loss_are_logged_and_accumulated_like_the_loss():
+    """A loss returning ``(loss, {name: value})``: the value is a token-weighted mean over the microbatches."""
+
+    def loss_with_metric(model, example, *, key):
+        loss = compute_next_token_loss(model, example, key=key)
+        # per microbatch: the mean token id over loss tokens (a value we can compute independently)
+        mask = example.loss_mask.array
+        return loss, {"mean_token": jnp.sum(example.tokens.array * mask) / jnp.sum(mask)}
+
+    batch = make_batch(3)
+    mask = np.asarray(batch.loss_mask.array)
+    expected = float(np.sum(np.asarray(batch.tokens.array) * mask) / np.sum(mask))
+    for per_device in (8, 2):
+        trainer = Trainer(config(per_device_parallelism=per_device), optax.sgd(0.0), loss_with_metric)
+        state = trainer.initial_state(build, key=jax.random.PRNGKey(0))
+        _, metrics = trainer.train_step(state, batch)
+        np.testing.assert_allclose(float(metrics["mean_token"]), expected, rtol=1e-6)
+        assert trainer._step_metrics(jax.device_get(metrics), 1, 8, 1.0, 0.0, None, 1)["train/mean_token"] == float(
+            metrics["mean_token"]
+        )
+
+
 def test_mixed_precision_computes_in_bf16_and_keeps_f32_parameters():
     seen = {}
 

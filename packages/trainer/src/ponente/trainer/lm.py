@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 import ponente.namedtensor as hax
-from ponente.models import LmExample, compute_next_token_loss
+from ponente.models import LmExample, compute_next_token_loss_and_aux
 
 __all__ = ["lm_batch", "lm_loss_fn"]
 
@@ -58,7 +58,7 @@ def lm_example(batch: Mapping[str, hax.NamedArray]) -> LmExample:
 
 
 def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | None = None) -> Callable[..., Any]:
-    """The training loss ``loss_fn(model, batch, *, key)``: mean next-token cross-entropy (+ z-loss).
+    """The training loss ``loss_fn(model, batch, *, key)``: next-token cross-entropy (+ z-loss, + aux losses).
 
     Args:
         z_loss_weight: weight of ``logsumexp(logits)**2`` (0: none).
@@ -69,8 +69,11 @@ def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | None = None) -> Cal
     """
 
     def loss_fn(model: Any, batch: Mapping[str, hax.NamedArray], *, key: Any) -> Any:
-        return compute_next_token_loss(
+        loss, aux = compute_next_token_loss_and_aux(
             model, lm_example(batch), key=key, logsumexp_weight=z_loss_weight or None, block_size=block_size
         )
+        # auxiliary terms (e.g. a MoE router's load-balancing loss) are already in ``loss``; they are also
+        # returned by name so that the trainer logs them
+        return (loss, aux) if aux else loss
 
     return loss_fn

@@ -46,8 +46,9 @@ logger = logging.getLogger(__name__)
 
 LossFn = Callable[..., Any]
 """``loss_fn(model, batch, *, key) -> scalar``: the mean loss of ``model`` on ``batch`` (a scalar array or
-scalar NamedArray). With gradient accumulation, each microbatch's loss is weighted by its number of
-loss tokens (see :class:`Trainer`)."""
+scalar NamedArray), or ``(loss, {name: scalar})`` to also log extra per-step metrics (e.g. a MoE router's
+auxiliary loss, logged as ``train/<name>``). With gradient accumulation, each microbatch's loss and
+metrics are weighted by its number of loss tokens (see :class:`Trainer`)."""
 
 _DEFAULT_CACHE_DIR = "~/.cache/ponente/jax"
 
@@ -228,6 +229,13 @@ def _scalar(x: Any) -> jax.Array:
     if array.ndim != 0:
         raise ValueError(f"loss_fn must return a scalar, got an array of shape {array.shape}")
     return array.astype(jnp.float32)
+
+
+def _loss_and_metrics(out: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """A loss function's result: a scalar, or ``(scalar, {name: scalar})`` with extra metrics to log."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+        return _scalar(out[0]), {str(k): _scalar(v) for k, v in out[1].items()}
+    return _scalar(out), {}
 
 
 def _is_named(x: Any) -> bool:
@@ -598,35 +606,46 @@ class Trainer:
         return init_state(model, self.optimizer, training_key, is_trainable=is_trainable.value)
 
     # -- the step ----------------------------------------------------------------------------------
-    def _loss_and_grad(self, trainable: Any, rest: Any, batch: Any, key: jax.Array) -> tuple[jax.Array, Any]:
-        def loss_of(params: Any) -> jax.Array:
+    def _loss_and_grad(
+        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
             model = self.mp.cast_to_compute(eqx.combine(params, rest))
-            return _scalar(self.loss_fn(model, batch, key=key))
+            return _loss_and_metrics(self.loss_fn(model, batch, key=key))
 
-        return jax.value_and_grad(loss_of)(trainable)
+        (loss, extra), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+        return loss, extra, grads
 
-    def _accumulate(self, trainable: Any, rest: Any, batch: Any, key: jax.Array) -> tuple[jax.Array, Any]:
+    def _accumulate(
+        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
         n = self.num_microbatches
         stacked, unstack = _split_microbatches(batch, self.config.batch_axis, n)
         scanned = [s for s in stacked if s is not None]
         where = [s is not None for s in stacked]
 
-        def body(carry: Any, xs: Any) -> Any:
-            grad_sum, loss_sum, weight_sum = carry
-            index, slices = xs
+        def micro_grads(index: jax.Array, slices: Any) -> tuple[Any, ...]:
             it = iter(slices)
             micro = hax.auto_sharded(unstack([next(it) if w else None for w in where]))
-            loss, grads = self._loss_and_grad(trainable, rest, micro, jax.random.fold_in(key, index))
-            weight = jnp.asarray(self.loss_weight_fn(micro), jnp.float32)
-            grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g, grad_sum, grads)
-            return (grad_sum, loss_sum + weight * loss, weight_sum + weight), None
+            loss, extra, grads = self._loss_and_grad(trainable, rest, micro, jax.random.fold_in(key, index))
+            return loss, extra, grads, jnp.asarray(self.loss_weight_fn(micro), jnp.float32)
 
+        def body(carry: Any, xs: Any) -> Any:
+            grad_sum, loss_sum, extra_sum, weight_sum = carry
+            loss, extra, grads, weight = micro_grads(*xs)
+            grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g, grad_sum, grads)
+            extra_sum = {k: extra_sum[k] + weight * v for k, v in extra.items()}
+            return (grad_sum, loss_sum + weight * loss, extra_sum, weight_sum + weight), None
+
+        # the extra metrics' names are only known from tracing the loss once
+        extra_shapes = jax.eval_shape(micro_grads, jnp.zeros((), jnp.int32), [s[0] for s in scanned])[1]
         zeros = jax.tree_util.tree_map(jnp.zeros_like, trainable)
-        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-        (grad_sum, loss_sum, weight_sum), _ = jax.lax.scan(body, init, (jnp.arange(n), scanned))
+        scalar_zero = jnp.zeros((), jnp.float32)
+        init = (zeros, scalar_zero, dict.fromkeys(extra_shapes, scalar_zero), scalar_zero)
+        (grad_sum, loss_sum, extra_sum, weight_sum), _ = jax.lax.scan(body, init, (jnp.arange(n), scanned))
         total = jnp.maximum(weight_sum, jnp.finfo(jnp.float32).tiny)
         grads = jax.tree_util.tree_map(lambda g: (g / total).astype(g.dtype), grad_sum)
-        return loss_sum / total, grads
+        return loss_sum / total, {k: v / total for k, v in extra_sum.items()}, grads
 
     def _train_step(
         self, state: TrainerState, arrays: list[Any], layout: _BatchLayout
@@ -636,13 +655,13 @@ class Trainer:
         loss_key, opt_key = jax.random.split(step_key)
         trainable, rest = state.split_trainable()
         if self.num_microbatches == 1:
-            loss, grads = self._loss_and_grad(trainable, rest, batch, loss_key)
+            loss, extra, grads = self._loss_and_grad(trainable, rest, batch, loss_key)
         else:
-            loss, grads = self._accumulate(trainable, rest, batch, loss_key)
+            loss, extra, grads = self._accumulate(trainable, rest, batch, loss_key)
 
         def obj_fn(params: Any) -> jax.Array:
             model = self.mp.cast_to_compute(eqx.combine(params, rest))
-            return _scalar(self.loss_fn(model, batch, key=loss_key))
+            return _loss_and_metrics(self.loss_fn(model, batch, key=loss_key))[0]
 
         updates, opt_state = self.optimizer.update(
             grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
@@ -651,7 +670,12 @@ class Trainer:
         new_state = dataclasses.replace(
             state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
         )
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **self.optimizer_metrics_fn(opt_state)}
+        metrics = {
+            **extra,
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            **self.optimizer_metrics_fn(opt_state),
+        }
         lr = self._learning_rate(state)
         if lr is not None:
             metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
@@ -687,7 +711,7 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------
     def _eval_step(self, model: Any, arrays: list[Any], layout: _BatchLayout) -> tuple[jax.Array, jax.Array]:
         batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
-        loss = _scalar(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))
+        loss = _loss_and_metrics(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))[0]
         weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
         return loss * weight, weight
 
