@@ -3,7 +3,6 @@ them in memory, a short training loop, and no network (``HF_HUB_OFFLINE=1``)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -12,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import parity_support
 import pytest
 import torch
 import transformers
 
 import ponente.namedtensor as hax
-from ponente.models import LmExample, compute_next_token_loss, config_for_type
+from ponente.models import LmExample, compute_next_token_loss
 
 
 @pytest.fixture(autouse=True)
@@ -29,24 +29,6 @@ def _torch_seed() -> None:
 def _hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test may reach the Hugging Face Hub."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-def _port(hf_model: Any, **config_overrides: Any) -> Any:
-    """The ponente model with the architecture, config and weights of a transformers model (in memory, no files)."""
-    hf_config = hf_model.config.to_dict()
-    config = config_for_type(hf_config["model_type"]).from_hf_config(hf_config)
-    config = dataclasses.replace(config, **config_overrides)
-    # a shape-only template: building random weights only to overwrite them is slow (compilation of init)
-    vocab = hax.Axis("vocab", hf_config["vocab_size"])
-    template = eqx.filter_eval_shape(lambda key: config.build(vocab, key=key), jax.random.key(0))
-    state = {k: jnp.asarray(v.detach().numpy()) for k, v in hf_model.state_dict().items()}
-    return template.from_hf_state_dict(state)
-
-
-def _hf_logits(hf_model: Any, ids: np.ndarray) -> np.ndarray:
-    """Logits of a transformers model for a (batch, position) id array, as float32 NumPy."""
-    with torch.no_grad():
-        return hf_model(torch.tensor(ids)).logits.float().numpy()
 
 
 def _tiny_gpt2(**overrides: Any) -> Any:
@@ -74,7 +56,7 @@ def _tiny_llama(**overrides: Any) -> Any:
 @pytest.fixture
 def hf_logits() -> Callable[[Any, np.ndarray], np.ndarray]:
     """``hf_logits(model, ids)``: logits of a transformers model as float32 NumPy."""
-    return _hf_logits
+    return parity_support.hf_logits
 
 
 @pytest.fixture
@@ -92,7 +74,7 @@ def tiny_llama() -> Callable[..., Any]:
 @pytest.fixture
 def port() -> Callable[..., Any]:
     """``port(hf_model, **config_overrides)``: our model with the config and weights of a transformers model."""
-    return _port
+    return parity_support.port
 
 
 def _train_losses(model: Any, ids: np.ndarray, steps: int = 5, lr: float = 1e-2) -> list[float]:

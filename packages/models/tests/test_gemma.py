@@ -6,13 +6,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
+from parity_support import logits as _logits
+from parity_support import port as _port
+from parity_support import random_ids as _ids
 
 import ponente.namedtensor as hax
 from ponente.models import (
@@ -21,10 +23,8 @@ from ponente.models import (
     GemmaRmsNorm,
     LmExample,
     compute_next_token_loss,
-    config_for_type,
 )
 from ponente.models.hf import load_pretrained, save_pretrained
-from ponente.namedtensor import NamedArray
 
 TOL = 1e-4
 
@@ -57,30 +57,6 @@ def _tiny_gemma(**overrides: Any) -> Any:
             if "norm" in name:
                 param.add_(0.3 * torch.randn_like(param))
     return model
-
-
-def _ids(seq: int = 16, batch: int = 2, vocab: int = 97, seed: int = 0) -> np.ndarray:
-    return np.random.RandomState(seed).randint(0, vocab, size=(batch, seq))
-
-
-def _port(hf: Any, **config_overrides: Any) -> Any:
-    """Our model with the config and weights of a transformers model (a shape-only template, then the weights)."""
-    hf_config = hf.config.to_dict()
-    config = dataclasses.replace(
-        config_for_type(hf_config["model_type"]).from_hf_config(hf_config), **config_overrides
-    )
-    Vocab = hax.Axis("vocab", hf_config["vocab_size"])
-    template = eqx.filter_eval_shape(lambda k: config.build(Vocab, key=k), jax.random.key(0))
-    return template.from_hf_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
-
-
-@eqx.filter_jit
-def _forward(model: Any, ids: NamedArray, mask: Any) -> NamedArray:
-    return model(ids, mask)
-
-
-def _logits(model: Any, ids: np.ndarray, mask: Any = None) -> np.ndarray:
-    return np.asarray(_forward(model, hax.named(jnp.asarray(ids), ("batch", "position")), mask).array)
 
 
 @pytest.mark.parametrize(("overrides", "seq"), [(case, 16 - 3 * i) for i, case in enumerate(CASES)])

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from parity_support import logits as _logits
+from parity_support import random_ids
 
 import ponente.namedtensor as hax
 from ponente.models import QkNormAttention, Qwen3Config, Qwen3LMHeadModel, config_for_type
@@ -20,12 +22,8 @@ TOL = 1e-4
 VOCAB = 61
 
 
-def _ids(seq: int, batch: int = 2, vocab: int = VOCAB, seed: int = 0) -> np.ndarray:
-    return np.random.RandomState(seed).randint(0, vocab, size=(batch, seq))
-
-
-def _logits(model: Any, ids: np.ndarray) -> np.ndarray:
-    return np.asarray(model(hax.named(ids, ("batch", "position"))).array)
+def _ids(seq: int, batch: int = 2, seed: int = 0) -> np.ndarray:
+    return random_ids(seq, batch, vocab=VOCAB, seed=seed)
 
 
 def _hf_qwen3(**overrides: Any) -> Any:
