@@ -35,6 +35,9 @@ TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "models": ("test", "torch"),
     "trainer": ("test", "wandb"),
 }
+# What mypy and the docs examples need: the packages and the extras the examples import, without the parity
+# stack (torch, transformers), Ray or wandb -- each full-stack venv is ~2.4 GB, and a CI disk is not infinite.
+LEAN_EXTRAS: dict[str, tuple[str, ...]] = {"datacache": ("hf",)}
 PYTEST_NO_TESTS_COLLECTED = 5
 
 
@@ -45,11 +48,13 @@ def _requirement(package: str, extras: tuple[str, ...] = (), *, editable: bool =
     return ["-e", spec] if editable else [spec]
 
 
-def _install_all(session: nox.Session, *, editable: bool = False) -> None:
-    """Install the four packages with the extras their tests use."""
+def _install_all(
+    session: nox.Session, *, editable: bool = False, extras: dict[str, tuple[str, ...]] = TEST_EXTRAS
+) -> None:
+    """Install the four packages with the given extras (default: the extras their tests use)."""
     args: list[str] = []
     for package in PACKAGES:
-        args += _requirement(package, TEST_EXTRAS[package], editable=editable)
+        args += _requirement(package, extras.get(package, ()), editable=editable)
     session.install(*args)
 
 
@@ -109,7 +114,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy over the sources of all four packages (configuration in mypy.ini)."""
-    _install_all(session, editable=True)
+    _install_all(session, editable=True, extras=LEAN_EXTRAS)
     session.install("mypy>=1.13", "types-PyYAML")
     session.run("mypy", *session.posargs)
 
@@ -117,7 +122,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build each package's site with --strict, then run every Python example in the docs."""
-    _install_all(session)
+    _install_all(session, extras=LEAN_EXTRAS)
     session.install("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27")
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     for package in PACKAGES:
