@@ -4,17 +4,27 @@ See ``docs/trainer/docs/data.md`` for the config keys, the cache layout and the 
 cache that is still being built.
 """
 
-from ponente.trainer.data.cache_build import PACKAGE_SCHEME, CacheBuildError, resolve_url
+from ponente.trainer.data.cache_build import (
+    DEFAULT_FOLLOW_TIMEOUT,
+    PACKAGE_SCHEME,
+    CacheBuildError,
+    FollowMode,
+    follow_cache_builds,
+    resolve_url,
+)
 from ponente.trainer.data.lm_dataset import LMDatasetConfig, LMMixtureDatasetConfig, Row
 from ponente.trainer.data.loader import DataLoader, batch_for_step
 
 __all__ = [
+    "DEFAULT_FOLLOW_TIMEOUT",
     "PACKAGE_SCHEME",
     "CacheBuildError",
     "DataLoader",
+    "FollowMode",
     "LMDatasetConfig",
     "LMMixtureDatasetConfig",
     "Row",
     "batch_for_step",
+    "follow_cache_builds",
     "resolve_url",
 ]

@@ -8,21 +8,35 @@ rows) raises the build's exception instead of waiting forever.
 
 One process never runs two builds of the same cache location: a second request while a build is running
 returns another reader of the same build.
+
+In a run of several processes only one process (process 0) builds; the others call `follow_cache_builds`,
+after which `open_or_build` never builds: it waits for the cache that the builder commits at the same
+location and returns it while it still grows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import logging
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from ponente.datacache import CacheDataset, CacheNotFoundError, Ledger, build_cache
+from ponente.datacache import CacheDataset, CacheNotFoundError, Ledger, build_cache, open_cache
 
-__all__ = ["PACKAGE_SCHEME", "CacheBuildError", "build_in_background", "open_or_build", "resolve_url"]
+__all__ = [
+    "DEFAULT_FOLLOW_TIMEOUT",
+    "PACKAGE_SCHEME",
+    "CacheBuildError",
+    "FollowMode",
+    "build_in_background",
+    "follow_cache_builds",
+    "open_or_build",
+    "resolve_url",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +44,10 @@ PACKAGE_SCHEME = "package://"
 """URL prefix of files shipped inside an installed Python package: ``package://<module>/<file>``."""
 
 _POLL_SECONDS = 0.05
+_FOLLOW_POLL_MAX_SECONDS = 1.0
+
+DEFAULT_FOLLOW_TIMEOUT = 600.0
+"""Seconds a follower waits, by default, for a cache to appear (a ledger and a first committed row)."""
 
 
 class CacheBuildError(RuntimeError):
@@ -181,12 +199,116 @@ def build_in_background(location: str, *, timeout: float | None = None, **build_
         build.done.wait(_POLL_SECONDS)
 
 
+class FollowMode(NamedTuple):
+    """Whether `open_or_build` follows builds of other processes instead of building (see `follow_cache_builds`).
+
+    Attributes:
+        enabled: Follow instead of build.
+        timeout: The most seconds a follower waits for a cache to appear; ``None`` waits as long as it takes.
+    """
+
+    enabled: bool
+    timeout: float | None
+
+
+_FOLLOW = FollowMode(False, DEFAULT_FOLLOW_TIMEOUT)
+_FOLLOW_LOCK = threading.Lock()
+
+
+def follow_cache_builds(enabled: bool = True, *, timeout: float | None = DEFAULT_FOLLOW_TIMEOUT) -> FollowMode:
+    """Make this process a follower of cache builds (or, with ``enabled=False``, a builder again).
+
+    In a run of several processes, process 0 builds every cache and the other processes follow: in
+    follower mode `open_or_build` (so also ``LMDatasetConfig.build_caches``, ``train_set``,
+    ``validation_sets`` and the mixture's) never writes anything. It waits until the cache at the requested
+    location has a ledger and at least one committed row (or is finished) and returns a
+    `ponente.datacache.CacheDataset` that keeps growing while the builder, another process, commits rows.
+    A request for a finished cache (``background=False``) waits, after the cache appeared, until it is
+    finished. The follower does not check the cache's fingerprint: the builder does, and fails on a
+    mismatch.
+
+    The mode holds for the whole process (every thread) until changed.
+
+    Args:
+        enabled: ``True``: follow; ``False``: build (the default mode of a process).
+        timeout: The most seconds a follower waits for a cache to appear; ``None`` waits as long as it
+            takes. The wait for more rows, or for a cache to finish, has no limit.
+
+    Returns:
+        The previous mode, e.g. to restore it with ``follow_cache_builds(prev.enabled, timeout=prev.timeout)``.
+
+    Raises:
+        ValueError: If ``timeout`` is negative.
+
+    Example:
+        ```python
+        from ponente.trainer.data import follow_cache_builds
+
+        previous = follow_cache_builds(timeout=60)  # open_or_build now waits for another process's caches
+        follow_cache_builds(previous.enabled, timeout=previous.timeout)
+        ```
+    """
+    global _FOLLOW
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"follow_cache_builds: timeout must be >= 0 seconds or None, got {timeout}")
+    with _FOLLOW_LOCK:
+        previous = _FOLLOW
+        _FOLLOW = FollowMode(bool(enabled), timeout)
+    return previous
+
+
+def _follow(location: str, *, finished: bool, timeout: float | None) -> CacheDataset:
+    """Wait for the cache another process builds at ``location``; never write to it."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = _POLL_SECONDS
+    cache: CacheDataset | None = None
+    while True:
+        if cache is None:
+            with contextlib.suppress(CacheNotFoundError):  # not there yet: keep waiting
+                cache = open_cache(location)
+        if cache is not None and (len(cache) > 0 or cache.is_finished):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            state = "no cache" if cache is None else "a cache without committed rows"
+            raise TimeoutError(
+                f"this process follows cache builds (follow_cache_builds) and found {state} at {location!r} "
+                f"within {timeout} s; another process (process 0 of the run) is expected to build it there. "
+                "Check that process 0 is building it (its log) and that every process reaches the same location "
+                "(a shared file system or an object store such as gs://, not a disk of one host)."
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, _FOLLOW_POLL_MAX_SECONDS)
+    logger.info("following the cache at %s that another process builds (%d rows committed)", location, len(cache))
+    if finished and not cache.is_finished:
+        logger.info("waiting for another process to finish the cache at %s", location)
+        cache.wait_until(rows=None)
+    return cache
+
+
 def open_or_build(location: str, *, background: bool, **build_kwargs: Any) -> CacheDataset:
     """Open the cache at ``location`` when it is finished and current, else build it (see `build_in_background`).
 
     ``build_cache`` itself checks the fingerprint of an existing cache and opens a finished one at once, so
-    this only decides between the calling thread and a background thread.
+    this only decides between the calling thread and a background thread. In follower mode (see
+    `follow_cache_builds`) it never builds: it waits for the cache another process builds at ``location``.
+
+    Args:
+        location: The cache location (``output`` of ``build_cache``).
+        background: Build in a background thread and return once the first rows commit; ``False`` builds in
+            this thread (a follower waits until the cache is finished) and returns the finished cache.
+        **build_kwargs: Everything else ``ponente.datacache.build_cache`` takes; unused by a follower.
+
+    Returns:
+        The cache: with at least one committed row or finished, and finished when ``background`` is false.
+
+    Raises:
+        TimeoutError: In follower mode, if no cache with committed rows appeared at ``location`` in time (the
+            message names the location).
+        CacheBuildError: If a background build failed before its first rows committed.
     """
+    mode = _FOLLOW
+    if mode.enabled:
+        return _follow(str(location), finished=not background, timeout=mode.timeout)
     if not background:
         return build_cache(output=location, **build_kwargs)
     return build_in_background(location, **build_kwargs)
