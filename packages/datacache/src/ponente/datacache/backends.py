@@ -163,7 +163,8 @@ class RayBackend:
                 logger.info("joining the Ray cluster at %s", address)
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
-                ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
+                # "local": a new in-process cluster, never one a stale `ray start` left in /tmp/ray.
+                ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
         threads = max(1, (os.cpu_count() or 1) // workers)
         actor: Any = ray.remote(num_cpus=1)(_RayWorker)
         processor_ref = ray.put(processor)

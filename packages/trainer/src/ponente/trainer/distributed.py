@@ -11,9 +11,18 @@ A process that dies must not leave the others hanging in a collective: the coord
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import logging
 import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -250,17 +259,23 @@ class RayConfig:
     """A Ray cluster shared by the training hosts, used to build data caches (``trainer.ray``).
 
     With ``data.backend: ray`` the cache builder runs on Ray. Every training process can connect to the
-    same cluster: ``address`` (or ``RAY_ADDRESS``) joins an existing one; otherwise process 0 starts a local
-    head when ``auto_start_cluster`` is set (the others then join it at ``<process 0 host>:<port>`` when
-    ``start_workers`` is set).
+    same cluster: ``address`` (or ``RAY_ADDRESS``) joins an existing one; otherwise process 0 starts a head
+    when ``auto_start_cluster`` is set, and with ``start_workers`` the other processes join it as worker nodes
+    at ``<process 0 host>:<head_port>``, so that cache building uses every host's CPUs.
+
+    Nodes this process starts run as children of it (``ray start --block``) and stop when it exits, even when
+    it is killed: only those nodes, never other Ray processes of the machine.
 
     Attributes:
         address: the Ray cluster to join (``host:port`` or ``"auto"``); None: ``RAY_ADDRESS`` if set, else
-            start a local cluster per ``auto_start_cluster``.
+            start a cluster per ``auto_start_cluster``.
         start_workers: on processes other than 0, start a Ray worker node joining process 0's head, so that
             cache building uses every host's CPUs.
         auto_start_cluster: start a Ray head on process 0 when there is no cluster to join.
-        head_port: the port of a head that process 0 starts.
+        head_port: the port of a head that process 0 starts (and that the other processes join).
+        num_cpus: CPUs each node started here offers to Ray; None: Ray's default (all of the host's CPUs).
+        join_timeout_seconds: how long a worker waits for process 0's head to become reachable before failing.
+        start_timeout_seconds: how long ``ray start`` may take to bring a node up before failing.
 
     Example:
         ```python
@@ -276,6 +291,18 @@ class RayConfig:
     start_workers: bool = True
     auto_start_cluster: bool = True
     head_port: int = 6379
+    num_cpus: int | None = None
+    join_timeout_seconds: float = 300.0
+    start_timeout_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.head_port < 65536:
+            raise ValueError(f"trainer.ray.head_port must be a TCP port (1..65535), got {self.head_port}")
+        if self.num_cpus is not None and self.num_cpus < 0:
+            raise ValueError(f"trainer.ray.num_cpus must be >= 0 or null, got {self.num_cpus}")
+        for name in ("join_timeout_seconds", "start_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"trainer.ray.{name} must be > 0, got {getattr(self, name)}")
 
     def resolved_address(self, env: Mapping[str, str] | None = None) -> str | None:
         """The cluster address to join: ``address``, else ``RAY_ADDRESS``, else None (start one)."""
@@ -285,9 +312,11 @@ class RayConfig:
     def initialize(self, *, process_index: int = 0, num_processes: int = 1, head_host: str | None = None) -> None:
         """Connect this process to the Ray cluster that builds caches (needs the ``ray`` extra).
 
-        Process 0 joins ``address`` or starts a head (``ray start --head`` when other processes will join it,
-        else an in-process local cluster). Other processes join process 0's head as worker nodes when
-        ``start_workers`` is set (they lend CPUs; only process 0 submits cache builds).
+        Process 0 joins ``address`` or starts a cluster: ``ray start --head`` when other processes will join it,
+        else an in-process local cluster (``ray.init``); either way it connects to it as the driver that
+        submits cache builds. Other processes, when ``start_workers`` is set and there is no ``address``, wait
+        until process 0's head is reachable and join it as worker nodes (they lend CPUs and submit nothing).
+        Calling it again in the same process does nothing.
 
         Args:
             process_index: this process's index in the JAX run.
@@ -298,7 +327,10 @@ class RayConfig:
             ImportError: if Ray is not installed (the message names the extra).
             ValueError: if there is no cluster to join and ``auto_start_cluster`` is false, or a worker should
                 join process 0's head but ``head_host`` is unknown.
-            subprocess.CalledProcessError: if ``ray start`` fails.
+            ConnectionError: if process 0's head is not reachable within ``join_timeout_seconds`` (the message
+                names the address).
+            RuntimeError: if ``ray start`` fails or does not come up within ``start_timeout_seconds`` (the
+                message names the command and shows its output).
         """
         try:
             import ray
@@ -306,31 +338,236 @@ class RayConfig:
             raise ImportError("trainer.ray needs Ray: pip install 'ponente-datacache[ray]'") from e
         address = self.resolved_address()
         if process_index != 0:
-            if address is None and self.start_workers and num_processes > 1:
-                if head_host is None:
-                    raise ValueError("trainer.ray: cannot join process 0's Ray head: its host is unknown")
-                _ray_start(["--address", f"{head_host}:{self.head_port}"])
+            if address is not None or not self.start_workers or num_processes <= 1 or _ray_state.nodes:
+                return
+            if head_host is None:
+                raise ValueError(
+                    f"trainer.ray: process {process_index} cannot join process 0's Ray head: its host is unknown "
+                    "(set trainer.distributed.coordinator_address, or trainer.ray.address to join a running cluster)"
+                )
+            self._join_head(head_host)
             return
         if ray.is_initialized():
             return
+        if address is None and not self.auto_start_cluster:
+            raise ValueError(
+                "trainer.ray: there is no cluster to join (trainer.ray.address and RAY_ADDRESS are unset) and "
+                "trainer.ray.auto_start_cluster is false"
+            )
+        _register_exit_hook()
         if address is not None:
             logger.info("joining the Ray cluster at %s", address)
             ray.init(address=address)
-            return
-        if not self.auto_start_cluster:
-            raise ValueError("trainer.ray: no trainer.ray.address or RAY_ADDRESS, and auto_start_cluster is false")
-        if num_processes > 1 and self.start_workers:
-            _ray_start(["--head", f"--port={self.head_port}"])
+        elif num_processes > 1 and self.start_workers:
+            _ray_state.nodes.append(_start_node(self._head_args(), timeout=self.start_timeout_seconds))
             ray.init(address=f"127.0.0.1:{self.head_port}")
         else:
             logger.info("starting a local Ray cluster for cache building")
-            ray.init(include_dashboard=False)
+            # "local": a new cluster even if another one runs on this machine (ray.init() would join that one).
+            ray.init(address="local", include_dashboard=False, num_cpus=self.num_cpus)
+        _ray_state.connected = True
+
+    def shutdown(self) -> None:
+        """Disconnect from Ray and stop the Ray nodes this process started (also runs at exit).
+
+        Only what :meth:`initialize` started in this process stops: a cluster joined through ``address`` or
+        ``RAY_ADDRESS`` keeps running. Calling it when nothing was started does nothing.
+        """
+        _shutdown_ray()
+
+    def _head_args(self) -> list[str]:
+        """The arguments of ``ray start`` for process 0's head."""
+        return ["--head", f"--port={self.head_port}", "--include-dashboard=false", *self._cpu_args()]
+
+    def _worker_args(self, head_host: str) -> list[str]:
+        """The arguments of ``ray start`` for a worker node joining process 0's head on ``head_host``."""
+        return [f"--address={head_host}:{self.head_port}", *self._cpu_args()]
+
+    def _cpu_args(self) -> list[str]:
+        return [] if self.num_cpus is None else [f"--num-cpus={self.num_cpus}"]
+
+    def _join_head(self, head_host: str) -> None:
+        """Wait until process 0's head accepts connections, then start a worker node joining it."""
+        address = f"{head_host}:{self.head_port}"
+        logger.info("waiting for process 0's Ray head at %s", address)
+        _wait_until_reachable(head_host, self.head_port, timeout=self.join_timeout_seconds)
+        _register_exit_hook()
+        _ray_state.nodes.append(_start_node(self._worker_args(head_host), timeout=self.start_timeout_seconds))
 
 
-def _ray_start(args: list[str]) -> None:
-    import subprocess
-    import sys
+@dataclasses.dataclass
+class _RayState:
+    """What this process started: Ray nodes (``ray start`` children) and whether it called ``ray.init``."""
 
-    command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", *args]
-    logger.info("running %s", " ".join(command))
-    subprocess.run(command, check=True)
+    nodes: list[_RayNode] = dataclasses.field(default_factory=list)
+    connected: bool = False
+    exit_hook: bool = False
+
+
+_ray_state = _RayState()
+
+_RAY_STARTED = "will now block forever"
+"""What ``ray start --block`` prints once its node is up and recorded, before it starts waiting."""
+
+# Runs in the child between fork and `ray start`: the kernel sends the child SIGTERM when the training process
+# dies, even by SIGKILL or os._exit (the fail-fast hook), so a node never outlives the run that started it;
+# `ray start --block` then stops the node's processes. (Linux delivers it when the *thread* that started the child
+# exits, so nodes must be started from a long-lived thread, such as the main one.) Elsewhere only atexit applies.
+_LAUNCHER = """\
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong]
+    prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit("the process that launched `ray start` exited before it started")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+@dataclasses.dataclass
+class _RayNode:
+    """A Ray node run by a ``ray start --block`` child of this process; its output goes to ``log_path``."""
+
+    process: subprocess.Popen[bytes]
+    command: list[str]
+    log_path: str
+    claimed_address: str | None = None
+    """The cluster address this ``ray start`` wrote to Ray's ``ray_current_cluster`` file, if it changed it."""
+
+    def output(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def stop(self, *, timeout: float = 60.0) -> None:
+        """SIGTERM ``ray start --block`` (it stops its node's processes), SIGKILL it after ``timeout``."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("`%s` did not stop within %g s; killing it", shlex.join(self.command), timeout)
+                self.process.kill()
+                self.process.wait()
+        with contextlib.suppress(OSError):
+            os.remove(self.log_path)
+        # `ray start` records the cluster in a file that a later `ray.init()` without address connects to, and only
+        # `ray stop` removes it: forget the cluster this node recorded (unless a later `ray start` replaced it).
+        if self.claimed_address is not None and _read_ray_address_file() == self.claimed_address:
+            with contextlib.suppress(OSError):
+                os.remove(_ray_address_file())
+
+
+def _ray_executable() -> str:
+    """The ``ray`` command of the running interpreter's environment (else the one on ``PATH``)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "ray")
+    found = beside if os.path.exists(beside) else shutil.which("ray")
+    if found is None:
+        raise FileNotFoundError(
+            f"trainer.ray: the `ray` command is neither next to {sys.executable} nor on PATH; "
+            "pip install 'ponente-datacache[ray]'"
+        )
+    return found
+
+
+def _ray_address_file() -> str:
+    """Where ``ray start`` records the last cluster it started or joined on this machine."""
+    from ray._common.utils import get_ray_address_file  # no public accessor
+
+    return str(get_ray_address_file(None))
+
+
+def _read_ray_address_file() -> str | None:
+    try:
+        with open(_ray_address_file(), encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _start_node(args: list[str], *, timeout: float) -> _RayNode:
+    """Run ``ray start <args> --block`` as a child of this process and wait until its node is up.
+
+    Raises:
+        RuntimeError: if ``ray start`` exits, or does not come up within ``timeout`` seconds (then it is
+            stopped); the message names the command and shows its output.
+    """
+    command = [_ray_executable(), "start", *args, "--block", "--disable-usage-stats", "--log-color=false"]
+    shown = shlex.join(command)
+    logger.info("running %s", shown)
+    recorded_before = _read_ray_address_file()
+    fd, log_path = tempfile.mkstemp(prefix="ponente-ray-start-", suffix=".log")
+    # No drain wait when stopped: the node runs no services that need one (Ray's default waits up to 30 s).
+    env = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **os.environ}
+    with os.fdopen(fd, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    node = _RayNode(process, command, log_path)
+    deadline = time.monotonic() + timeout
+    while _RAY_STARTED not in node.output():
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"trainer.ray: `{shown}` failed with exit status {process.returncode}; its output "
+                f"(kept in {log_path}):\n{_tail(node.output())}"
+            )
+        if time.monotonic() > deadline:
+            output = node.output()
+            node.stop()
+            raise RuntimeError(
+                f"trainer.ray: `{shown}` did not bring its node up within {timeout:g} s "
+                f"(trainer.ray.start_timeout_seconds); its output:\n{_tail(output)}"
+            )
+        time.sleep(0.2)
+    recorded = _read_ray_address_file()
+    if recorded != recorded_before:
+        node.claimed_address = recorded
+    logger.info("Ray node up (pid %d): %s", process.pid, shown)
+    return node
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:]) or "(no output)"
+
+
+def _wait_until_reachable(host: str, port: int, *, timeout: float) -> None:
+    """Retry a TCP connection to ``host:port`` until it succeeds; ConnectionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, remaining))):
+                return
+        except OSError as e:
+            last = e
+        if time.monotonic() >= deadline:
+            raise ConnectionError(
+                f"trainer.ray: no Ray head reachable at {host}:{port} after {timeout:g} s "
+                f"(trainer.ray.join_timeout_seconds); last error: {last}. Process 0 starts it with "
+                f"`ray start --head --port={port}`: check that process 0 runs, that trainer.ray.head_port matches, "
+                "and that the port is open between the hosts"
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _register_exit_hook() -> None:
+    if not _ray_state.exit_hook:
+        atexit.register(_shutdown_ray)
+        _ray_state.exit_hook = True
+
+
+def _shutdown_ray() -> None:
+    """Disconnect the driver if this process connected it, then stop the nodes it started (newest first)."""
+    if _ray_state.connected:
+        import ray
+
+        ray.shutdown()
+        _ray_state.connected = False
+    while _ray_state.nodes:
+        node = _ray_state.nodes.pop()
+        logger.info("stopping the Ray node of `%s`", shlex.join(node.command))
+        node.stop()
