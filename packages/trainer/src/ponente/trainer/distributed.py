@@ -472,8 +472,10 @@ def _ray_executable() -> str:
 
 def _ray_address_file() -> str:
     """Where ``ray start`` records the last cluster it started or joined on this machine."""
-    from ray._common.utils import get_ray_address_file  # no public accessor
-
+    try:
+        from ray._common.utils import get_ray_address_file  # no public accessor
+    except ImportError:  # a Ray release that moved it: its long-standing default location
+        return os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
     return str(get_ray_address_file(None))
 
 
