@@ -168,3 +168,36 @@ def test_killing_one_process_ends_the_other_with_an_error(tmp_path, runs):
     assert elapsed < 60, f"the surviving process took {elapsed:.0f} s to exit"
     log = (tmp_path / "log-0.txt").read_text()
     assert "process 0 of 2 failed" in log or "heartbeat" in log, log[-3000:]
+
+
+def eval_losses(metrics: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return {r["step"]: r[k] for r in records for k in r if k.startswith("eval/") and k.endswith("/loss")}
+
+
+def test_two_processes_evaluate_their_rows_and_train_on_a_hybrid_mesh(tmp_path, runs):
+    # evaluation batches of 24 (3 per device) differ from the training batches of 8, and the validation set
+    # does not fill its last batch: every process must still evaluate the same batches, each its own rows
+    evaluate = ["trainer.steps_per_eval=2", "trainer.max_eval_batches=null", "trainer.per_device_eval_parallelism=3"]
+    finish([launch(tmp_path, [*runs("single", 4), *evaluate], devices=8)], tmp_path)
+    reference, reference_eval = (
+        losses(tmp_path / "single" / "metrics.jsonl"),
+        eval_losses(tmp_path / "single" / "metrics.jsonl"),
+    )
+    assert sorted(reference) == [1, 2, 3, 4]
+    assert sorted(reference_eval) == [2, 4]
+
+    finish(two_processes(tmp_path, [*runs("multi", 4), *evaluate]), tmp_path)
+    multi_eval = eval_losses(tmp_path / "multi" / "metrics.jsonl")
+    assert sorted(multi_eval) == [2, 4]
+    np.testing.assert_allclose([multi_eval[s] for s in (2, 4)], [reference_eval[s] for s in (2, 4)], atol=1e-5)
+
+    # two process groups along the replica axis (replica 2 x data 4): the same losses as the 8-device run
+    finish(two_processes(tmp_path, [*runs("hybrid", 4), *evaluate, "trainer.replica_dcn_axis_size=2"]), tmp_path)
+    hybrid = losses(tmp_path / "hybrid" / "metrics.jsonl")
+    hybrid_eval = eval_losses(tmp_path / "hybrid" / "metrics.jsonl")
+    assert sorted(hybrid) == [1, 2, 3, 4]
+    np.testing.assert_allclose([hybrid[s] for s in range(1, 5)], [reference[s] for s in range(1, 5)], atol=1e-5)
+    np.testing.assert_allclose([hybrid_eval[s] for s in (2, 4)], [reference_eval[s] for s in (2, 4)], atol=1e-5)
+    logs = "".join(f.read_text() for f in tmp_path.glob("log-*"))
+    assert "hybrid mesh: 2 process groups along the replica axis" in logs

@@ -155,3 +155,121 @@ def test_tensor_parallel_config_is_a_dataclass_change_only():
     assert tp.parameter_axis_mapping == {"embed": "data", "mlp": "model", "heads": "model"}
     assert tp.compute_axis_mapping == {"batch": ("replica", "data"), "mlp": "model", "heads": "model"}
     assert PartitionSpec(("replica", "data")) == PartitionSpec(tp.compute_axis_mapping["batch"])
+
+
+# --- hybrid (multi-slice) mesh -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+    """What ``create_hybrid_device_mesh`` reads of a device: its slice, process, kind and platform."""
+
+    id: int
+    slice_index: int
+    process_index: int = 0
+    platform: str = "cpu"
+    device_kind: str = "fake"
+
+
+@pytest.mark.parametrize(("replica", "model"), [(1, 2), (2, 1), (2, 2), (1, 1)])
+def test_hybrid_mesh_puts_each_slice_on_contiguous_replica_rows(replica, model):
+    from ponente.trainer.trainer import _hybrid_device_grid
+
+    dcn = 2
+    # slices interleaved in the device list: the layout must group them, not follow the list order
+    devices = [FakeDevice(id=i, slice_index=(i % 2)) for i in (5, 0, 3, 6, 1, 4, 7, 2)]
+    config = TrainerConfig(replica_axis_size=replica, model_axis_size=model, replica_dcn_axis_size=dcn)
+    grid = _hybrid_device_grid(config, devices)
+
+    data = len(devices) // (dcn * replica * model)
+    assert grid.shape == (dcn * replica, data, model)
+    for k in range(dcn):
+        in_slice = [d for d in devices if d.slice_index == k]  # in their list order within the slice
+        block = grid[k * replica : (k + 1) * replica]
+        assert {d.slice_index for d in block.flat} == {k}
+        np.testing.assert_array_equal(
+            np.vectorize(lambda d: d.id)(block), np.array([d.id for d in in_slice]).reshape(replica, data, model)
+        )
+
+
+def test_hybrid_mesh_groups_processes_when_devices_have_no_slices():
+    from ponente.trainer.trainer import _hybrid_device_grid
+
+    @dataclasses.dataclass(frozen=True)
+    class ProcessDevice:
+        id: int
+        process_index: int
+        platform: str = "cpu"
+        device_kind: str = "fake"
+
+    devices = [ProcessDevice(id=i, process_index=i // 4) for i in range(8)]
+    grid = _hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=2, model_axis_size=2), devices)
+    # process 0's devices form replica row 0, process 1's row 1
+    assert np.vectorize(lambda d: d.id)(grid).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    with pytest.raises(ValueError, match="replica_dcn_axis_size=4"):
+        _hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=4, model_axis_size=2), devices)
+
+
+# --- evaluation batches --------------------------------------------------------------------------
+
+
+def test_eval_batch_size_follows_per_device_eval_parallelism():
+    def size(**kw):
+        config = TrainerConfig(train_batch_size=BATCH, compilation_cache_dir=None, **kw)
+        return Trainer(config, optax.sgd(0.1), lm_loss).eval_batch_size
+
+    assert size() == BATCH
+    assert size(per_device_parallelism=1) == 8  # as for training: the microbatch
+    assert size(per_device_eval_parallelism=3) == 24
+    assert size(per_device_eval_parallelism=1, replica_axis_size=2, model_axis_size=2) == 4
+
+
+def test_eval_over_per_process_rows_counts_every_example_once():
+    from ponente.datacache import InMemoryTokenStore, TokenSeqDataset
+    from ponente.trainer.lm import lm_batch, lm_loss_fn
+    from ponente.trainer.main.train_lm import _eval_batches
+
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, Vocab.size, n).tolist() for n in (30, 17, 45, 9, 60)]
+    dataset = TokenSeqDataset(InMemoryTokenStore.from_documents(docs), seq_len=MODEL.seq_len)
+    length = len(dataset)
+    size = 8
+    assert length % size != 0, "the test needs a partial last batch"
+
+    whole = list(_eval_batches(dataset, size, None))
+    assert len(whole) == -(-length // size)
+    # "processes" loading their own rows see as many batches, and together exactly the whole batches
+    halves = [list(_eval_batches(dataset, size, None, rows=slice(i * 4, i * 4 + 4))) for i in range(2)]
+    assert [len(h) for h in halves] == [len(whole)] * 2
+    for step, batch in enumerate(whole):
+        for key in ("input_ids", "loss_mask"):
+            joined = np.concatenate([np.asarray(h[step][key].array) for h in halves])
+            np.testing.assert_array_equal(joined, np.asarray(batch[key].array))
+        for position in range(size):
+            index = step * size + position
+            mask = np.asarray(batch["loss_mask"].array)[position]
+            if index < length:
+                row = dataset[index]
+                np.testing.assert_array_equal(np.asarray(batch["input_ids"].array)[position], row["input_ids"])
+                seg = row["segment_ids"]
+                np.testing.assert_array_equal(mask[:-1], (seg[1:] == seg[:-1]).astype(np.float32))
+            else:
+                assert not mask.any(), f"padding row {index} of a dataset of {length} must not count"
+    assert len(list(_eval_batches(dataset, size, 2))) == 2
+
+    # the eval loss over padded batches equals a per-example loop over the dataset's rows
+    loss_fn = lm_loss_fn()
+    config = TrainerConfig(
+        train_batch_size=BATCH, per_device_eval_parallelism=1, compilation_cache_dir=None, progress_bar=False
+    )
+    trainer = Trainer(config, optax.sgd(0.1), loss_fn)
+    assert trainer.eval_batch_size == size
+    state = trainer.initial_state(lambda key: MODEL.build(Vocab, key=key))
+    got = trainer.eval_loss(state, _eval_batches(dataset, size, None, trainer.process_batch_rows(size)))
+    total = tokens = 0.0
+    for index in range(length):
+        one = lm_batch({k: v[None] for k, v in dataset[index].items()})
+        n = float(np.asarray(one["loss_mask"].array).sum())
+        total += float(loss_fn(state.model, one, key=None)) * n
+        tokens += n
+    assert got == pytest.approx(total / tokens, rel=1e-5)

@@ -188,20 +188,35 @@ def _build_mesh(config: TrainerConfig, devices: list[Any]) -> jax.sharding.Mesh:
         )
     if dcn == 1:
         return make_mesh({"replica": replica, "data": -1, "model": model}, devices=devices)
+    grid = _hybrid_device_grid(config, devices)
+    return jax.sharding.Mesh(grid, ("replica", "data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def _hybrid_device_grid(config: TrainerConfig, devices: list[Any]) -> np.ndarray:
+    """The devices of a hybrid mesh as a ``(replica_dcn * replica, data, model)`` array.
+
+    The granules of the data-center network are the slices (``device.slice_index``, TPU multi-slice) when
+    the devices come from ``replica_dcn_axis_size`` different slices, else the processes (GPUs, CPUs).
+    Granule ``k`` (in increasing slice / process index) fills rows ``k * replica .. (k + 1) * replica - 1``
+    of the ``replica`` axis, so only the ``replica`` axis crosses the slower network.
+    """
     from jax.experimental import mesh_utils
 
-    data = len(devices) // per_group
-    granule_is_process = not hasattr(devices[0], "slice_index")
+    model, replica, dcn = config.model_axis_size, config.replica_axis_size, config.replica_dcn_axis_size
+    data = len(devices) // (model * replica * dcn)
+    slices = {getattr(d, "slice_index", None) for d in devices}
+    by_process = None in slices or len(slices) != dcn
+    logger.info("hybrid mesh: %d %s along the replica axis", dcn, "process groups" if by_process else "slices")
     try:
-        grid = mesh_utils.create_hybrid_device_mesh(
-            (replica, data, model), (dcn, 1, 1), devices, process_is_granule=granule_is_process
+        grid: np.ndarray = mesh_utils.create_hybrid_device_mesh(
+            (replica, data, model), (dcn, 1, 1), devices, process_is_granule=by_process
         )
     except (ValueError, AssertionError) as e:
         raise ValueError(
             f"trainer.replica_dcn_axis_size={dcn}: cannot lay out a hybrid mesh of {dcn} slices/process groups x "
             f"(replica={replica}, data={data}, model={model}) over {len(devices)} devices: {e}"
         ) from e
-    return jax.sharding.Mesh(grid, ("replica", "data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    return grid
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -539,22 +554,43 @@ class Trainer:
             )
         return rows
 
-    def shard_batch(self, batch: Any) -> Any:
+    @property
+    def eval_batch_size(self) -> int:
+        """Examples per evaluation batch: ``per_device_eval_parallelism`` x the data-axis size.
+
+        ``per_device_eval_parallelism=-1`` means as for training: ``per_device_parallelism`` (the training
+        microbatch) if set, else ``train_batch_size`` (one batch per step).
+        """
+        per_device = self.config.per_device_eval_parallelism
+        if per_device == -1:
+            per_device = self.config.per_device_parallelism
+        if per_device == -1:
+            return self.config.train_batch_size
+        return per_device * self.data_axis_size
+
+    def shard_batch(self, batch: Any, batch_size: int | None = None) -> Any:
         """Place a batch on the devices, split along the batch axis over ``(replica, data)`` (NamedArray leaves).
 
         The batch may be the whole global batch (every process passes the same data), or, in a
-        multi-process run, only this process's rows (:meth:`process_batch_rows`) of a batch of
-        ``train_batch_size``: then the global arrays are assembled with ``jax.make_array_from_process_local_data``.
+        multi-process run, only this process's rows (:meth:`process_batch_rows` of ``batch_size``): then
+        the global arrays are assembled with ``jax.make_array_from_process_local_data``.
 
         Args:
             batch: a pytree of NamedArrays (other leaves are left to ``jit``).
+            batch_size: the global batch size the batch belongs to (default: ``train_batch_size``; pass
+                :attr:`eval_batch_size` for evaluation batches).
 
         Returns:
             The placed batch.
+
+        Raises:
+            ValueError: (several processes) if a leaf's batch axis holds neither this process's rows nor the
+                whole batch.
         """
         if jax.process_count() == 1:
             return hax.shard(batch, self.compute_axis_mapping, self.mesh)
-        rows = self.process_batch_rows()
+        size = self.config.train_batch_size if batch_size is None else batch_size
+        rows = self.process_batch_rows(size)
         local = rows.stop - rows.start
 
         def place(leaf: Any) -> Any:
@@ -564,8 +600,13 @@ class Trainer:
             shape = list(leaf.array.shape)
             if leaf.has_axis(self.config.batch_axis):
                 index = leaf.axis_indices(self.config.batch_axis)
-                if shape[index] == local and local != self.config.train_batch_size:
-                    shape[index] = self.config.train_batch_size
+                if shape[index] not in (local, size):
+                    raise ValueError(
+                        f"process {jax.process_index()}: a batch leaf has {shape[index]} examples along axis "
+                        f"{self.config.batch_axis!r}; expected this process's {local} rows ({rows.start}:{rows.stop}) "
+                        f"of a global batch of {size}, or all {size}"
+                    )
+                shape[index] = size
             data = np.asarray(leaf.array)
             global_axes = tuple(a.resize(n) for a, n in zip(leaf.axes, shape))
             return hax.named(jax.make_array_from_process_local_data(sharding, data, tuple(shape)), global_axes)
@@ -715,14 +756,19 @@ class Trainer:
         weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
         return loss * weight, weight
 
-    def eval_loss(self, state: TrainerState, batches: Iterable[Any]) -> float:
+    def eval_loss(self, state: TrainerState, batches: Iterable[Any], *, batch_size: int | None = None) -> float:
         """The loss of the state's model over ``batches``, each batch weighted by its loss tokens.
 
-        At most ``config.max_eval_batches`` batches are used.
+        At most ``config.max_eval_batches`` batches are used. In a multi-process run every process passes
+        the same number of batches, each holding either the whole global batch or only this process's rows
+        (:meth:`process_batch_rows` of ``batch_size``); the result is the same on every process and equals a
+        single process's loss over the whole batches.
 
         Args:
             state: the state to evaluate.
             batches: batches like those of training (any batch size).
+            batch_size: the global size of the batches (default: :attr:`eval_batch_size`); only read in a
+                multi-process run, to assemble global batches from this process's rows.
 
         Returns:
             The weighted mean loss.
@@ -730,13 +776,14 @@ class Trainer:
         Raises:
             ValueError: if there are no batches (or they hold no loss tokens).
         """
+        size = self.eval_batch_size if batch_size is None else batch_size
         total = weight = 0.0
         limit = self.config.max_eval_batches
         with self._on_mesh():
             for i, batch in enumerate(batches):
                 if limit is not None and i >= limit:
                     break
-                weighted, w = self._eval(state.model, *_BatchLayout.strip(self.shard_batch(batch)))
+                weighted, w = self._eval(state.model, *_BatchLayout.strip(self.shard_batch(batch, size)))
                 total += float(weighted)
                 weight += float(w)
         if weight <= 0:

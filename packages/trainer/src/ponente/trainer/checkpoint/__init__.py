@@ -12,6 +12,11 @@ written last as the commit marker. Directories without it are ignored and cleane
 - :class:`Checkpointer` (built by :class:`CheckpointerConfig`): background saves during training with
   time-based temporary and step-based permanent policies.
 - :func:`latest_checkpoint_path`, :func:`discover_checkpoints`, :func:`cleanup_uncommitted`.
+
+With several JAX processes every process writes its own shards; the processes meet through the
+coordination service of ``jax.distributed`` (never a device collective, so background saves cannot
+deadlock with training steps), process 0 commits only after all of them wrote, and a failure on one
+process raises :class:`CheckpointWriteError` on all of them.
 """
 
 from ._checkpointer import Checkpointer, CheckpointerConfig, CheckpointInterval
@@ -25,12 +30,14 @@ from ._io import (
     save_checkpoint,
     sync_processes,
 )
+from ._sync import CheckpointWriteError
 
 __all__ = [
     "METADATA_FILE",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointInterval",
+    "CheckpointWriteError",
     "Checkpointer",
     "CheckpointerConfig",
     "cleanup_uncommitted",

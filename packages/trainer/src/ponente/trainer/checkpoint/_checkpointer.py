@@ -15,6 +15,7 @@ import jax
 from . import _location as loc
 from ._discovery import cleanup_uncommitted, discover_checkpoints
 from ._io import PathLike, delete_checkpoint, snapshot, write_snapshot
+from ._sync import CheckpointWriteError
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +122,19 @@ def _is_permanent_step(keep: Sequence[CheckpointInterval], step: int) -> bool:
     return False
 
 
-def _agree(flag: bool) -> bool:
-    """Process 0's decision, on every process (clocks differ between hosts)."""
+def _agree(*flags: bool) -> tuple[bool, ...]:
+    """Process 0's flags, on every process (clocks and background threads differ between hosts).
+
+    A device collective: call it only from the thread that runs the training steps, in the same order on
+    every process.
+    """
     if jax.process_count() == 1:
-        return flag
+        return flags
+    import numpy as np
     from jax.experimental import multihost_utils
 
-    return bool(multihost_utils.broadcast_one_to_all(flag))
+    agreed = multihost_utils.broadcast_one_to_all(np.asarray(flags, dtype=np.int32))
+    return tuple(bool(x) for x in np.asarray(agreed))
 
 
 class Checkpointer:
@@ -138,6 +145,12 @@ class Checkpointer:
     save; a temporary checkpoint is deleted once a newer checkpoint commits (also across restarts: the
     flag is recorded in ``metadata.json``). One save is in flight at a time; an error in the background
     surfaces on the next call of :meth:`save`, :meth:`on_step` or :meth:`wait_until_finished`.
+
+    With several JAX processes every process owns a ``Checkpointer`` for the same run and calls it with
+    the same steps. Each one copies its shards on the calling thread and writes them in the background;
+    the processes meet through the coordination service (not a device collective, so the background
+    thread never competes with the training step's collectives), and process 0 writes the commit marker
+    only after every process wrote its shards. A failure on one process raises on all of them.
 
     Args:
         run_path: the run's checkpoint directory.
@@ -194,18 +207,37 @@ class Checkpointer:
         """Save ``tree`` if the policies (or ``force``) ask for it at ``step``; returns whether it saves.
 
         A step already saved (or loaded at startup) is not saved again. ``force`` saves a permanent
-        checkpoint (end of training, preemption).
+        checkpoint (end of training, preemption). With several processes, every process must call this at
+        every step: process 0's clock decides a time-based save for all, and a failed background save
+        raises on every process at the same step.
+
+        Raises:
+            Exception: the error of a failed background save (with several processes, when process 0
+                learned of it: a :class:`CheckpointWriteError` on the processes whose own part succeeded).
         """
-        self._raise_background_error()
-        if step == self._last_saved_step:
-            return False
         permanent = force or _is_permanent_step(self.keep, step)
         elapsed = self._time_fn() - self._last_save_time
         temporary = not permanent and step > 0 and elapsed >= self.save_interval.total_seconds()
-        if not _agree(permanent or temporary):
+        failed, permanent, temporary = _agree(self._background_failed(), permanent, temporary)
+        if failed:
+            self._raise_failure()
+        if step == self._last_saved_step or not (permanent or temporary):
             return False
-        self.save(tree, step, temporary=_agree(not permanent))
+        self.save(tree, step, temporary=not permanent)
         return True
+
+    def _background_failed(self) -> bool:
+        future = self._future
+        return future is not None and future.done() and future.exception() is not None
+
+    def _raise_failure(self) -> None:
+        """Raise the background save's error (process 0 saw one; with several processes, so will this one)."""
+        self.wait_until_finished()
+        # this process's part succeeded: the failure was process 0's own (e.g. deleting an old temporary)
+        raise CheckpointWriteError(
+            f"process 0's background checkpoint save failed (process {jax.process_index()}'s part succeeded); "
+            "see process 0's log"
+        )
 
     def save(self, tree: Any, step: int, *, temporary: bool = False) -> None:
         """Start saving ``tree`` as the checkpoint of ``step``; returns once the state is copied.
@@ -231,11 +263,6 @@ class Checkpointer:
                     delete_checkpoint(old)
             cleanup_uncommitted(self.run_path)
         self._temporaries = [path] if temporary else []
-
-    def _raise_background_error(self) -> None:
-        if self._future is not None and self._future.done():
-            future, self._future = self._future, None
-            future.result()
 
     def wait_until_finished(self) -> None:
         """Block until the save in flight (if any) has committed.

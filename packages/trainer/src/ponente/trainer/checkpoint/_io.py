@@ -27,6 +27,7 @@ import tensorstore as ts
 from ponente.trainer.versions import ponente_versions, runtime_versions
 
 from . import _location as loc
+from ._sync import agree, next_save_id
 from ._tree import Kind, array_of, axis_names, flatten, key_impl_name, kind_of, map_shardings, rewrap
 
 logger = logging.getLogger(__name__)
@@ -53,13 +54,16 @@ class CheckpointError(ValueError):
 def sync_processes(name: str) -> None:
     """Barrier across JAX processes, a no-op with a single process.
 
-    Multi-host saves call it after every process wrote its shards (before process 0 commits) and after
-    the commit (so no process runs ahead of a checkpoint that may not exist yet).
-    """
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+    It waits on ``jax.distributed``'s coordination service, not in a device collective, so it may run on any
+    thread (a background save) without its order relative to the training step's collectives mattering.
 
-        multihost_utils.sync_global_devices(name)
+    Args:
+        name: the barrier's name; every process passes the same name, and each name is used once per run.
+
+    Raises:
+        RuntimeError: if a process died or the barrier timed out.
+    """
+    agree(name)
 
 
 @dataclasses.dataclass
@@ -86,12 +90,16 @@ class Snapshot:
         leaves: ``metadata.json``'s description of every leaf, in tree order.
         arrays: the array data to store, one entry per array or key leaf.
         treedef: the tree structure, as text (for humans reading ``metadata.json``).
+        save_id: the number of this save among the process's saves (taken when the snapshot is made, on the
+            thread that starts the save, so the n-th save of every process has the same number); it names
+            the save's cross-process meeting points.
     """
 
     step: int
     leaves: dict[str, dict[str, Any]]
     arrays: list[_StoredArray]
     treedef: str
+    save_id: int = dataclasses.field(default_factory=next_save_id)
 
 
 def _chunk_shape(piece_shapes: list[tuple[int, ...]], itemsize: int) -> tuple[int, ...]:
@@ -212,53 +220,81 @@ def _test_delay_before_commit(target: str) -> None:
         time.sleep(float(delay))
 
 
+def _stage(name: str, token: str, work: Callable[[], None]) -> None:
+    """Run ``work``, then meet the other processes at ``name``; a failure anywhere raises everywhere."""
+    if jax.process_count() == 1:
+        work()
+        return
+    error: Exception | None = None
+    try:
+        work()
+    except Exception as e:  # reported to every process at the meeting point, then raised
+        error = e
+    agree(name, token=token, error=error)
+
+
 def write_snapshot(
     snap: Snapshot, path: PathLike, *, metadata: Mapping[str, Any] | None = None, temporary: bool = False
 ) -> str:
     """Write a snapshot as a checkpoint at ``path`` and commit it (runs on any thread).
 
-    An existing checkpoint at ``path`` is un-committed (its marker deleted) and replaced.
+    An existing checkpoint at ``path`` is un-committed (its marker deleted) and replaced. With several
+    processes, every process calls this for the same snapshot (same step, same path, same order of saves);
+    they meet three times through ``jax.distributed``'s coordination service (never a device collective, so
+    a background thread may do this while the main thread trains): after process 0 cleared the target,
+    after every process wrote its shards, and after process 0 wrote ``metadata.json``. A failure on any
+    process is reported to all of them at the next meeting point, and nothing is committed.
 
     Returns:
         The normalized checkpoint path.
+
+    Raises:
+        CheckpointWriteError: (several processes) if a process failed, or the processes save different
+            steps or paths; the message names the processes.
     """
     target = loc.normalize(path)
     start = time.perf_counter()
-    if jax.process_index() == 0:
-        delete_checkpoint(target)
-    sync_processes(f"ponente-checkpoint-cleared-{snap.step}")
-    ctx = loc.context()
     process = jax.process_index()
-    store_dir = _process_dir(target, process)
-    # one transaction: OCDBT then writes the data files in parallel and commits its B-tree and manifest
-    # once, instead of once per write batch (about 1.4x faster; the data is buffered in memory until then)
-    txn = ts.Transaction()
-    opened = []
-    for arr in snap.arrays:
-        spec = _array_spec(store_dir, arr.name)
-        spec["metadata"] = {
-            "shape": list(arr.shape),
-            "data_type": arr.dtype.name,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(arr.chunk_shape)}},
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-        }
-        # each process writes its own OCDBT store: OCDBT has no safe concurrent writers without a coordinator
-        opened.append(ts.open(spec, create=True, context=ctx, transaction=txn))
-    stores = [f.result() for f in opened]
-    writes = [
-        store[piece.index].write(np.asarray(piece.data))
-        for store, arr in zip(stores, snap.arrays, strict=True)
-        for piece in arr.pieces
-    ]
-    for w in writes:
-        w.result()
-    txn.commit_async().result()
-    pieces = {arr.name: [_box(p.index, arr.shape) for p in arr.pieces] for arr in snap.arrays}
-    loc.write_bytes(target, _pieces_file(process), json.dumps(pieces).encode())
-    _test_delay_before_commit(target)
-    nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in snap.arrays)
-    sync_processes(f"ponente-checkpoint-written-{snap.step}")
-    if jax.process_index() == 0:
+    meeting = f"ponente-checkpoint/{snap.save_id}"
+    token = f"step {snap.step} at {target}"
+
+    def clear() -> None:
+        if process == 0:
+            delete_checkpoint(target)
+
+    def write_own_shards() -> None:
+        store_dir = _process_dir(target, process)
+        ctx = loc.context()
+        # one transaction: OCDBT then writes the data files in parallel and commits its B-tree and manifest
+        # once, instead of once per write batch (about 1.4x faster; the data is buffered in memory until then)
+        txn = ts.Transaction()
+        opened = []
+        for arr in snap.arrays:
+            spec = _array_spec(store_dir, arr.name)
+            spec["metadata"] = {
+                "shape": list(arr.shape),
+                "data_type": arr.dtype.name,
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(arr.chunk_shape)}},
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            }
+            # each process writes its own OCDBT store: OCDBT has no safe concurrent writers without a coordinator
+            opened.append(ts.open(spec, create=True, context=ctx, transaction=txn))
+        stores = [f.result() for f in opened]
+        writes = [
+            store[piece.index].write(np.asarray(piece.data))
+            for store, arr in zip(stores, snap.arrays, strict=True)
+            for piece in arr.pieces
+        ]
+        for w in writes:
+            w.result()
+        txn.commit_async().result()
+        pieces = {arr.name: [_box(p.index, arr.shape) for p in arr.pieces] for arr in snap.arrays}
+        loc.write_bytes(target, _pieces_file(process), json.dumps(pieces).encode())
+        _test_delay_before_commit(target)
+
+    def commit() -> None:
+        if process != 0:
+            return
         now = datetime.datetime.now(datetime.UTC)
         marker = {
             "format_version": FORMAT_VERSION,
@@ -272,7 +308,11 @@ def write_snapshot(
             "leaves": snap.leaves,
         }
         loc.write_bytes(target, METADATA_FILE, json.dumps(marker, indent=1).encode())
-    sync_processes(f"ponente-checkpoint-committed-{snap.step}")
+
+    _stage(f"{meeting}/cleared", token, clear)
+    _stage(f"{meeting}/written", token, write_own_shards)  # process 0 commits only after every process wrote
+    _stage(f"{meeting}/committed", token, commit)  # nobody runs ahead of a checkpoint that may not exist yet
+    nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in snap.arrays)
     logger.info(
         "saved checkpoint of step %d to %s (%.1f MB in %.2f s)",
         snap.step,

@@ -253,9 +253,13 @@ def _pad_vocab_for_partitioning(model_config: LmConfig, tcfg: TrainerConfig, num
 
 
 def _build_caches_once(data: Any, tcfg: TrainerConfig) -> None:
-    """In a multi-process run, process 0 builds the caches (on Ray with ``data.backend: ray``); the others wait.
+    """In a multi-process run, process 0 builds the caches (on Ray with ``data.backend: ray``); the others follow.
 
-    Every process then opens the finished caches, so no two processes ever write the same cache.
+    Process 0 starts the background build of every split that has data (of every component of a mixture)
+    and returns once each has committed its first rows; its ``train_set``/``validation_sets`` then reuse the
+    running builds. After a barrier the other processes switch to follower mode (`follow_cache_builds`):
+    they read the caches while process 0 commits rows and never write them, so no two processes ever write
+    the same cache and training starts before the corpus is fully tokenized.
     """
     import jax
 
@@ -266,12 +270,17 @@ def _build_caches_once(data: Any, tcfg: TrainerConfig) -> None:
         tcfg.ray.initialize(process_index=jax.process_index(), num_processes=jax.process_count(), head_host=head)
     if jax.process_count() == 1:
         return
+    from ponente.trainer.data import follow_cache_builds
     from ponente.trainer.distributed import barrier
 
     if jax.process_index() == 0:
-        logger.info("process 0 builds the data caches; the other processes wait for them")
-        data.build_all_caches(progress=False)
-    barrier("ponente.train_lm: data caches built")
+        logger.info("process 0 builds the data caches in the background; the other processes follow them")
+        for split in ("train", "validation"):
+            if isinstance(data, LMMixtureDatasetConfig) or data.has_split(split):
+                data.build_caches(split, background=True, progress=False)  # returns once the first rows commit
+    barrier("ponente.train_lm: data caches started")
+    if jax.process_index() != 0:
+        follow_cache_builds(True)
 
 
 def _rows_recorder(rows: slice, batch_size: int) -> Any:
@@ -299,15 +308,33 @@ def _rows_recorder(rows: slice, batch_size: int) -> Any:
     return record
 
 
-def _eval_batches(dataset: Any, batch_size: int, limit: int | None) -> Iterator[dict[str, Any]]:
+def _eval_batches(
+    dataset: Any, batch_size: int, limit: int | None, rows: slice | None = None
+) -> Iterator[dict[str, Any]]:
+    """The evaluation batches of ``dataset``: only the positions ``rows`` of each global batch of ``batch_size``.
+
+    Every example counts once: the last, partial batch is filled up with wrapped-around rows whose loss mask
+    is zero. The number of batches depends only on the dataset's length, so every process of a multi-process
+    run evaluates the same number of batches (each with its own rows), as their collectives require.
+    """
+    import numpy as np
+
+    import ponente.namedtensor as hax
     from ponente.trainer.data import batch_for_step
+    from ponente.trainer.data.loader import step_indices
 
     dataset.wait_for_length(None)  # evaluation uses the whole (finished) validation cache
-    num = len(dataset) // batch_size
+    length = len(dataset)
+    num = -(-length // batch_size)
     if limit is not None:
         num = min(num, limit)
     for step in range(num):
-        yield lm_batch(batch_for_step(dataset, step, batch_size))
+        batch = lm_batch(batch_for_step(dataset, step, batch_size, rows=rows))
+        padding = step_indices(step, batch_size, rows) >= length
+        if padding.any():
+            mask = batch["loss_mask"]
+            batch["loss_mask"] = hax.named(np.asarray(mask.array) * ~padding[:, None], mask.axes)
+        yield batch
 
 
 def _resolve(path: str) -> str:
@@ -404,13 +431,16 @@ def train(config: TrainLmConfig) -> TrainResult:
     # the log then holds each step once: records a killed run wrote after its last checkpoint are dropped
     tracker.resume_from(start_step)
 
-    eval_batch = tcfg.train_batch_size
+    eval_batch = trainer.eval_batch_size
+    eval_rows = trainer.process_batch_rows(eval_batch)  # like training, each process loads its own rows
     last_eval: dict[str, float] = {}
     losses: list[float] = []
 
     def eval_fn(s: Any) -> dict[str, float]:
         results = {
-            f"{name}/loss": trainer.eval_loss(s, _eval_batches(ds, eval_batch, tcfg.max_eval_batches))
+            f"{name}/loss": trainer.eval_loss(
+                s, _eval_batches(ds, eval_batch, tcfg.max_eval_batches, eval_rows), batch_size=eval_batch
+            )
             for name, ds in validation.items()
         }
         last_eval.clear()
