@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, Linear, Stacked
-from ponente.namedtensor.nn import attention as hattn
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
+from ._layer_types import FULL, layer_kinds, select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention
 from .config import LmConfig, _require, mask_padded_vocab, register_config
 from .lm import LmHeadModel
@@ -27,11 +27,6 @@ __all__ = ["GemmaConfig", "GemmaLMHeadModel", "GemmaLayout", "GemmaRmsNorm"]
 
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
 """Hugging Face activation names the Gemma MLP supports: the tanh approximation of GELU, and the exact GELU."""
-
-SLIDING = "sliding_attention"
-FULL = "full_attention"
-LAYER_TYPES = (SLIDING, FULL)
-"""The per-layer attention kinds (Hugging Face ``layer_types``): a sliding window or full (global) causal attention."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,18 +286,6 @@ def _soft_capped_attention(
     return hax.dot(weights, value, axis=KPos.name)
 
 
-def _windowed(mask: AttentionMask | NamedArray | None, window: int | None, Pos: Axis) -> AttentionMask | NamedArray:
-    """``mask`` further restricted to a causal sliding window of ``window`` keys (None: unchanged, causal if None)."""
-    if window is None:
-        return AttentionMask.causal() if mask is None else mask
-    if mask is None:
-        return AttentionMask.causal(window)
-    if isinstance(mask, AttentionMask):
-        current = mask.sliding_window
-        return AttentionMask(mask.is_causal, mask.segment_ids, window if current is None else min(current, window))
-    return mask & hattn.sliding_window_mask(Pos, Pos.alias("key_position"), window)
-
-
 class GemmaAttention(ModuleWithStateDictSerialization):
     """Grouped-query attention of the Gemma family, for both sliding-window and global layers.
 
@@ -401,7 +384,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
 
         def attend(rope: RotaryConfig, window: int | None) -> NamedArray:
             qr, kr = apply_rotary(q, Pos, HeadSize, rope), apply_rotary(k, Pos, HeadSize, rope)
-            m = _windowed(mask, window, Pos)
+            m = with_sliding_window(mask, window, Pos)
             if self.soft_cap is None:
                 return attention(
                     Pos,
@@ -425,11 +408,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         def full() -> NamedArray:
             return attend(self.rope, None)
 
-        if isinstance(sliding, NamedArray):
-            out = jax.lax.cond(sliding.array, local, full)
-        else:
-            out = local() if sliding else full()
-        return a.o_proj(out)
+        return a.o_proj(select_by_kind(sliding, local, full))
 
 
 class GemmaDecoderLayer(eqx.Module):
@@ -541,13 +520,6 @@ class GemmaLMHeadModel(LmHeadModel):
         """The vocabulary axis of the logits (padded if ``config.vocab_padding_multiple > 1``)."""
         return self.transformer.embed_tokens.Vocab
 
-    def _layer_kinds(self) -> bool | NamedArray:
-        """Per layer, whether it slides: one bool when all layers agree, else a boolean ``layers`` array."""
-        types = self.config.layout().layer_types
-        if len(set(types)) == 1:
-            return types[0] == SLIDING
-        return hax.named(jnp.asarray([t == SLIDING for t in types]), self.config.Layers)
-
     def activations(
         self,
         input_ids: NamedArray,
@@ -569,7 +541,7 @@ class GemmaLMHeadModel(LmHeadModel):
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
         x = self.transformer.embed_tokens.embed(input_ids)
         x = x * jnp.asarray(math.sqrt(self.config.hidden_dim), dtype=x.dtype)  # the scale is rounded to the dtype
-        x = self.transformer.layers.fold(x, mask, self._layer_kinds())
+        x = self.transformer.layers.fold(x, mask, layer_kinds(self.config.layout().layer_types, self.config.Layers))
         return self.transformer.norm(x)
 
     def get_lm_head(self) -> NamedArray:

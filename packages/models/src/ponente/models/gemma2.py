@@ -6,8 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ._layer_types import FULL, SLIDING, check_layer_types
 from .config import _require, register_config
-from .gemma import FULL, LAYER_TYPES, SLIDING, GemmaConfig, GemmaLayout
+from .gemma import GemmaConfig, GemmaLayout
 from .rotary import RotaryConfig
 
 __all__ = ["Gemma2Config"]
@@ -67,13 +68,7 @@ class Gemma2Config(GemmaConfig):
         super().__post_init__()
         name = type(self).__name__
         if self.layer_types is not None:
-            if len(self.layer_types) != self.num_layers:
-                raise ValueError(
-                    f"{name}: layer_types has {len(self.layer_types)} entries but num_layers is {self.num_layers}"
-                )
-            unknown = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
-            if unknown:
-                raise ValueError(f"{name}: layer_types {unknown} are not supported; expected entries of {LAYER_TYPES}")
+            check_layer_types(self.layer_types, self.num_layers, name)
         if self.sliding_window_pattern < 1:
             raise ValueError(f"{name}: sliding_window_pattern must be at least 1, got {self.sliding_window_pattern}")
         if self.sliding_window is not None and self.sliding_window < 1:

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, cast
 import jax
 
 from ponente.namedtensor import Axis, NamedArray
-from ponente.namedtensor.nn import attention as hattn
 
+from ._layer_types import with_sliding_window
 from .attention import AttentionMask
 from .config import register_config
 from .llama import LlamaConfig, LlamaLMHeadModel
@@ -99,22 +99,6 @@ class MistralConfig(LlamaConfig):
         return dataclasses.replace(config, sliding_window=int(window) if window is not None else None)
 
 
-def _with_sliding_window(
-    attn_mask: AttentionMask | NamedArray | None, window: int | None, Pos: Axis
-) -> AttentionMask | NamedArray:
-    """``attn_mask`` (None: causal) further restricted to a causal window of ``window`` keys per query."""
-    if attn_mask is None:
-        return AttentionMask.causal(window)
-    if window is None:
-        return attn_mask
-    if isinstance(attn_mask, AttentionMask):
-        current = attn_mask.sliding_window
-        narrowest = window if current is None else min(current, window)
-        return AttentionMask(attn_mask.is_causal, attn_mask.segment_ids, narrowest)
-    # an explicit boolean mask over (position, key_position)
-    return attn_mask & hattn.sliding_window_mask(Pos, Pos.alias("key_position"), window)
-
-
 class MistralLMHeadModel(LlamaLMHeadModel):
     """Mistral: :class:`~ponente.models.LlamaLMHeadModel` with the config's sliding window added to every mask.
 
@@ -141,5 +125,5 @@ class MistralLMHeadModel(LlamaLMHeadModel):
             The hidden states after the final norm.
         """
         window: int | None = getattr(self.config, "sliding_window", None)
-        mask = _with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
+        mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
         return super().activations(input_ids, mask, key=key)

@@ -15,10 +15,10 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import RmsNorm
 
+from ._layer_types import with_sliding_window
 from .attention import Attention, AttentionMask
 from .config import lm_flops_per_token, mask_padded_vocab, padded_vocab_size, register_config
 from .llama import LlamaConfig, LlamaDecoderLayer, LlamaLMHeadModel, QkNormAttention
-from .mistral import _with_sliding_window
 from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss
 
 __all__ = ["MixtralConfig", "MixtralLMHeadModel"]
@@ -245,7 +245,7 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
 
     def _mask(self, input_ids: NamedArray, attn_mask: AttentionMask | NamedArray | None) -> AttentionMask | NamedArray:
         """``attn_mask`` (None: causal) restricted to the config's sliding window (as Mistral's)."""
-        return _with_sliding_window(attn_mask, self.config.sliding_window, input_ids.resolve_axis("position"))
+        return with_sliding_window(attn_mask, self.config.sliding_window, input_ids.resolve_axis("position"))
 
     def activations_and_aux(
         self,

@@ -14,8 +14,16 @@ from ponente.namedtensor import Axis
 from .attention import Attention
 from .config import register_config
 from .llama import LlamaConfig, LlamaDecoderLayer, QkNormAttention
-from .mistral import MistralConfig, MistralLMHeadModel
-from .qwen import _qwen_window_from_hf, _qwen_window_to_hf, _with_zero_biases
+from .mistral import MistralConfig
+from .qwen import (
+    QwenDecoderLayer,
+    QwenLMHeadModel,
+    _check_qwen_layer_types,
+    _qwen_layer_types,
+    _qwen_window_from_hf,
+    _qwen_window_to_hf,
+    _with_zero_biases,
+)
 
 __all__ = ["Qwen3Config", "Qwen3LMHeadModel"]
 
@@ -36,7 +44,10 @@ class Qwen3Config(MistralConfig):
         qk_norm: must stay True to export to Hugging Face (every Qwen3 has a QK-norm).
         attention_bias: biases on the query, key, value and output projections (Hugging Face
             ``attention_bias``; False in released checkpoints).
-        sliding_window: None (the default) for full causal attention, or a window applied to every layer.
+        sliding_window: how many keys (the query's own included) a sliding layer sees; None (the default) for
+            full causal attention everywhere.
+        layer_types: per layer ``"sliding_attention"`` or ``"full_attention"`` (Hugging Face ``layer_types``);
+            None: every layer slides when ``sliding_window`` is set.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -51,8 +62,21 @@ class Qwen3Config(MistralConfig):
     qk_norm: bool = True
     attention_bias: bool = False
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
 
     _hf_qk_norm: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_qwen_layer_types(self.layer_types, self.sliding_window, self.num_layers, type(self).__name__)
+
+    def resolved_layer_types(self) -> tuple[str, ...]:
+        """``layer_types``, or every layer ``"sliding_attention"`` (with a window) or ``"full_attention"``.
+
+        Returns:
+            One entry per layer.
+        """
+        return _qwen_layer_types(self.num_layers, self.sliding_window, self.layer_types)
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> Qwen3LMHeadModel:
         """Build a randomly initialized Qwen3 (see :meth:`LmConfig.build`)."""
@@ -67,29 +91,34 @@ class Qwen3Config(MistralConfig):
         hf = self._llama_hf_config(vocab_size)
         del hf["mlp_bias"]  # a key of Llama only
         hf.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=self.attention_bias)
-        hf.update(_qwen_window_to_hf(self.sliding_window, self.num_layers))
+        hf.update(_qwen_window_to_hf(self.sliding_window, self.layer_types, self.num_layers))
         return hf
 
     @classmethod
     def from_hf_config(cls, hf_config: Mapping[str, Any]) -> Qwen3Config:
         """Read a Hugging Face ``Qwen3Config`` dict (transformers-4 or -5 spelling).
 
-        A missing ``head_dim`` means transformers' default, 128.
+        A missing ``head_dim`` means transformers' default, 128. ``layer_types`` takes precedence over
+        ``max_window_layers``, as for :meth:`QwenConfig.from_hf_config`.
 
         Raises:
             KeyError: if a required key is missing.
-            ValueError: for unsupported options, e.g. a sliding window on only some layers.
+            ValueError: for unsupported options, or a ``layer_types`` of the wrong length, with an unknown entry,
+                or with sliding layers but no window.
         """
         # Llama's reader rejects attention biases, which Qwen3 supports: hand it the rest
         llama_keys = {**hf_config, "attention_bias": False, "head_dim": hf_config.get("head_dim", _HF_HEAD_DIM)}
         config = cast(Qwen3Config, super().from_hf_config(llama_keys))
-        window = _qwen_window_from_hf(hf_config, config.num_layers, f"{cls.__name__}.from_hf_config")
+        window, types = _qwen_window_from_hf(hf_config, config.num_layers, f"{cls.__name__}.from_hf_config")
         bias = bool(hf_config.get("attention_bias", False))
-        return dataclasses.replace(config, sliding_window=window, attention_bias=bias)
+        return dataclasses.replace(config, sliding_window=window, layer_types=types, attention_bias=bias)
 
 
-class Qwen3DecoderLayer(LlamaDecoderLayer):
-    """A Llama block with QK-norm and, if ``attention_bias``, biases on all four attention projections (Qwen3)."""
+class Qwen3DecoderLayer(QwenDecoderLayer):
+    """A Llama block with QK-norm and, if ``attention_bias``, biases on all four attention projections (Qwen3).
+
+    Its call (full or sliding mask per layer) is Qwen2's.
+    """
 
     @staticmethod
     def _init_attention(config: LlamaConfig, *, key: jax.Array) -> Attention | QkNormAttention:
@@ -99,8 +128,8 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
         return attn
 
 
-class Qwen3LMHeadModel(MistralLMHeadModel):
-    """Qwen3: :class:`~ponente.models.MistralLMHeadModel` (Llama + optional sliding window) with QK-norm.
+class Qwen3LMHeadModel(QwenLMHeadModel):
+    """Qwen3: :class:`~ponente.models.QwenLMHeadModel` (a sliding window on all or some layers) with QK-norm.
 
     Its Hugging Face parameter names are Llama's plus ``model.layers.L.self_attn.{q,k}_norm.weight``
     (and ``{q,k,v,o}_proj.bias`` with ``attention_bias``).
