@@ -7,14 +7,14 @@ Each run is a subprocess executing ``train_lm.train`` with the tiny configuratio
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import multiprocess_support as support
 import numpy as np
 import pytest
+from multiprocess_support import finish, free_port, losses, quiet
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +33,9 @@ if __name__ == "__main__":
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path: Path, overrides: list[str], devices: int, record: Path | None = None) -> subprocess.Popen:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    if record is not None:
-        env["PONENTE_RECORD_ROWS"] = str(record)
-    log = open(tmp_path / f"log-{len(list(tmp_path.glob('log-*')))}.txt", "w")  # noqa: SIM115 (closed by the OS)
-    return subprocess.Popen(
-        [sys.executable, str(script), json.dumps(overrides)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-    )
+    env = {"PONENTE_RECORD_ROWS": str(record)} if record is not None else None
+    return support.launch(tmp_path, WORKER, overrides, devices=devices, env=env)
 
 
 def two_processes(tmp_path: Path, overrides: list[str], record: Path | None = None) -> list[subprocess.Popen]:
@@ -69,34 +56,12 @@ def two_processes(tmp_path: Path, overrides: list[str], record: Path | None = No
     ]
 
 
-def finish(procs: list[subprocess.Popen], tmp_path: Path, timeout: float = 300) -> None:
-    for p in procs:
-        try:
-            rc = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        if rc != 0:
-            logs = "\n".join(f.read_text()[-3000:] for f in sorted(tmp_path.glob("log-*")))
-            pytest.fail(f"a training process exited with {rc}:\n{logs}")
-
-
-def losses(metrics: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
-
-
-def common(overrides: list[str]) -> list[str]:
-    return [*overrides, "trainer.progress_bar=false", "data.workers=0", "trainer.checkpointer.save_interval=1000"]
-
-
 @pytest.fixture
 def runs(tiny_lm_run_overrides):
     """``runs(name, steps)``: the overrides of a tiny run under ``tmp_path/name`` (one corpus for all runs)."""
 
     def overrides(name: str, steps: int) -> list[str]:
-        return common(tiny_lm_run_overrides(name, steps))
+        return quiet(tiny_lm_run_overrides(name, steps))
 
     return overrides
 

@@ -13,18 +13,16 @@ a cache do not depend on how it is batched). The losses must equal those of one 
 """
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from multiprocess_support import finish, free_port, launch, quiet
+from multiprocess_support import losses as support_losses
 
 pytestmark = pytest.mark.integration
 
-WAIT = 600  # seconds: generous, the machine may be loaded; only a failing run waits this long
 
 WORKER = """
 import functools, json, logging, os, sys, time
@@ -75,61 +73,18 @@ if __name__ == "__main__":
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path: Path, name: str, overrides: list[str], devices: int, role: str) -> subprocess.Popen:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = os.environ | {
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "PONENTE_TEST_ROLE": role,
-        "PONENTE_TEST_FLAG": str(tmp_path / "process-1-read"),
-    }
-    log = open(tmp_path / f"log-{name}.txt", "w")  # noqa: SIM115 (closed by the OS)
-    return subprocess.Popen(
-        [sys.executable, str(script), json.dumps(overrides)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-    )
-
-
-def _finish(procs: list[subprocess.Popen], tmp_path: Path) -> None:
-    for p in procs:
-        try:
-            rc = p.wait(timeout=WAIT)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        if rc != 0:
-            logs = "\n".join(f"== {f.name}\n{f.read_text()[-3000:]}" for f in sorted(tmp_path.glob("log-*")))
-            pytest.fail(f"a training process exited with {rc}:\n{logs}")
-
-
-def _losses(metrics: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
-
-
-def _overrides(make, name: str, steps: int) -> list[str]:
-    return [
-        *make(name, steps),
-        "trainer.progress_bar=false",
-        "data.workers=0",
-        "trainer.checkpointer.save_interval=1000",
-    ]
+    env = {"PONENTE_TEST_ROLE": role, "PONENTE_TEST_FLAG": str(tmp_path / "process-1-read")}
+    return launch(tmp_path, WORKER, overrides, devices=devices, env=env, log_name=name)
 
 
 def test_process_one_reads_the_cache_while_process_zero_builds_it(tmp_path, tiny_lm_run_overrides):
-    _finish([_launch(tmp_path, "single", _overrides(tiny_lm_run_overrides, "single", 4), 8, "single")], tmp_path)
-    reference = _losses(tmp_path / "single" / "metrics.jsonl")
+    finish([_launch(tmp_path, "single", quiet(tiny_lm_run_overrides("single", 4)), 8, "single")], tmp_path)
+    reference = support_losses(tmp_path / "single" / "metrics.jsonl")
     assert sorted(reference) == [1, 2, 3, 4]
 
-    port = _free_port()
-    multi = _overrides(tiny_lm_run_overrides, "multi", 4)
+    port = free_port()
+    multi = quiet(tiny_lm_run_overrides("multi", 4))
     procs = [
         _launch(
             tmp_path,
@@ -145,7 +100,7 @@ def test_process_one_reads_the_cache_while_process_zero_builds_it(tmp_path, tiny
         )
         for i in range(2)
     ]
-    _finish(procs, tmp_path)
+    finish(procs, tmp_path)
 
     # process 1's first read of training data found an unfinished cache with only the first batch committed
     first_read = json.loads((tmp_path / "process-1-read.json").read_text())
@@ -161,6 +116,6 @@ def test_process_one_reads_the_cache_while_process_zero_builds_it(tmp_path, tiny
     assert f"following the cache at {train_cache.parent / 'validation'} that" in follower_log
     assert "following the cache at" not in (tmp_path / "log-multi-0.txt").read_text()
 
-    losses = _losses(tmp_path / "multi" / "metrics.jsonl")
+    losses = support_losses(tmp_path / "multi" / "metrics.jsonl")
     assert sorted(losses) == [1, 2, 3, 4]
     np.testing.assert_allclose([losses[s] for s in range(1, 5)], [reference[s] for s in range(1, 5)], atol=1e-5)
