@@ -33,7 +33,7 @@ TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "namedtensor": ("test",),
     "datacache": ("test", "ray", "hf"),
     "models": ("test", "torch"),
-    "trainer": ("test", "wandb"),
+    "trainer": ("test", "wandb", "ray"),
 }
 # What mypy and the docs examples need: the packages and the extras the examples import, without the parity
 # stack (torch, transformers), Ray or wandb -- each full-stack venv is ~2.4 GB, and a CI disk is not infinite.

@@ -335,7 +335,7 @@ class RayConfig:
         try:
             import ray
         except ImportError as e:
-            raise ImportError("trainer.ray needs Ray: pip install 'ponente-datacache[ray]'") from e
+            raise ImportError("trainer.ray needs Ray: pip install 'ponente-trainer[ray]'") from e
         address = self.resolved_address()
         if process_index != 0:
             if address is not None or not self.start_workers or num_processes <= 1 or _ray_state.nodes:
@@ -465,7 +465,7 @@ def _ray_executable() -> str:
     if found is None:
         raise FileNotFoundError(
             f"trainer.ray: the `ray` command is neither next to {sys.executable} nor on PATH; "
-            "pip install 'ponente-datacache[ray]'"
+            "pip install 'ponente-trainer[ray]'"
         )
     return found
 
