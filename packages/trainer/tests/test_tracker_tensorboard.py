@@ -107,3 +107,26 @@ def test_non_numeric_metric_raises_naming_the_metric(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="cannot write metric 'strings'"):
         tracker.log({"strings": np.array(["a", "b"])}, step=0)
     tracker.finish()
+
+
+def test_creating_the_tracker_does_not_import_torch(tmp_path):
+    # a fresh interpreter: here tensorboardX is already imported. torch stays importable afterwards (the
+    # hiding entry is gone), and the writer still writes events.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import ponente.trainer.tracker as trk
+        tracker = trk.TensorboardConfig(logdir={str(tmp_path / "tb")!r}).init("r")
+        tracker.log({{"train/loss": 1.5}}, step=1)
+        tracker.finish()
+        print("torch" in sys.modules, sys.modules.get("torch", "absent"))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split() == ["False", "absent"]
+    events = _read_events(tmp_path / "tb")
+    assert [v.simple_value for e in events for v in e.summary.value if v.tag == "train/loss"] == [1.5]

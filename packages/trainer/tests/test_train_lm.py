@@ -5,6 +5,7 @@ import importlib.resources
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -202,6 +203,11 @@ def test_hello_world_runs_a_few_steps(tmp_path):
     (run,) = (tmp_path / "ponente_hello" / "runs").iterdir()
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "config.yaml").is_file()
+    assert "==" in (run / "pip_freeze.txt").read_text()  # the run record is written in a background thread
+    # the start-up phases are logged once, at the first step
+    (line,) = [line for line in proc.stderr.splitlines() if "first step done" in line]
+    for phase in ("imports", "model and optimizer init", "[bg] train step compile", "[bg] run record"):
+        assert phase in line
     assert (tmp_path / "ponente_hello" / "checkpoints" / run.name / "step-3" / "metadata.json").is_file()
     metrics = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in metrics if "train/loss" in line] == [1, 2, 3]
@@ -288,3 +294,14 @@ def test_every_architecture_is_selectable_by_type(model_type):
 
     cfg = load_config(TrainLmConfig, overrides=[f"model.type={model_type}"])
     assert type(cfg.model) is config_for_type(model_type)
+
+
+def test_process_age_counts_from_the_process_start():
+    code = "import time; time.sleep(0.5); from ponente.trainer.main import train_lm; print(train_lm._process_age())"
+    begun = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    elapsed = time.perf_counter() - begun
+    age = float(out.stdout)
+    # the child slept 0.5 s before it measured; it cannot be older than the time the parent waited for it
+    # (/proc counts in clock ticks of 10 ms)
+    assert 0.5 - 0.02 <= age <= elapsed + 0.02

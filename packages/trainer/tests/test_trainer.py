@@ -353,3 +353,59 @@ def test_batch_must_divide_over_the_data_axis():
         Trainer(config(train_batch_size=4), optax.sgd(0.1), lm_loss)
     with pytest.raises(ValueError, match="model_axis_size=3 does not divide the 8 devices"):
         Trainer(config(model_axis_size=3), optax.sgd(0.1), lm_loss)
+
+
+def _leaves_bytes(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_initial_state_from_the_seed_matches_keys_split_by_hand():
+    trainer = Trainer(config(seed=3), optax.adam(1e-2), lm_loss)
+    state = trainer.initial_state(build)
+    # the same state from an explicit root key (another compiled program), and keys split eagerly by hand
+    explicit = trainer.initial_state(build, key=jax.random.PRNGKey(3))
+    assert _leaves_bytes(state) == _leaves_bytes(explicit)
+    model_key, training_key = jax.random.split(jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(np.asarray(state.training_key), np.asarray(training_key))
+    reference = build(model_key)  # eager: other XLA programs, so equal up to rounding
+    for got, want in zip(jax.tree_util.tree_leaves(state.model), jax.tree_util.tree_leaves(reference), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+    assert int(state.step) == 0
+
+
+def test_compile_step_means_the_first_step_does_not_compile():
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    batches = [make_batch(s) for s in range(2)]
+    trainer = Trainer(config(seed=1), optax.adam(1e-2), lm_loss)
+    state = trainer.initial_state(build)
+    placeholder = jax.tree_util.tree_map(jnp.zeros_like, batches[0])
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer.compile_step(state, placeholder)
+        assert len(compiles) >= 1  # the step itself (plus any helper the placement needs)
+        compiles.clear()
+        for batch in batches:
+            state, metrics = trainer.train_step(state, trainer.shard_batch(batch))
+        losses = [float(metrics["loss"])]
+        assert compiles == []
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    # an independent trainer that compiles on the first call gives the same bits
+    other = Trainer(config(seed=1), optax.adam(1e-2), lm_loss)
+    other_state = other.initial_state(build)
+    for batch in batches:
+        other_state, other_metrics = other.train_step(other_state, other.shard_batch(batch))
+    assert losses == [float(other_metrics["loss"])]
+    assert _leaves_bytes(state.model) == _leaves_bytes(other_state.model)
+
+
+def test_compile_step_checks_the_batch_size():
+    trainer = Trainer(config(), optax.sgd(0.1), lm_loss)
+    state = trainer.initial_state(build)
+    with pytest.raises(ValueError, match="train_batch_size is 8"):
+        trainer.compile_step(state, make_batch(0, batch_size=4))

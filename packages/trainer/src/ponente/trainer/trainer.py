@@ -239,6 +239,19 @@ def _enable_compilation_cache(path: str) -> None:
     logger.info("JAX persistent compilation cache: %s", resolved)
 
 
+def _init_compiler_options(mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """XLA options of the program that builds the initial state.
+
+    That program runs once and only draws random numbers and zeros. On CPU, LLVM's optimization of its
+    threefry kernels costs seconds of compilation for milliseconds of run time (about 5 s against 1 s for
+    the hello world), so it is compiled unoptimized there. The options are part of the compilation (and
+    persistent cache) key, so every run of a configuration still gets the same initial bits.
+    """
+    if mesh.devices.flat[0].platform == "cpu":
+        return {"xla_backend_optimization_level": 0}
+    return {}
+
+
 def _scalar(x: Any) -> jax.Array:
     array = x.array if isinstance(x, NamedArray) else jnp.asarray(x)
     if array.ndim != 0:
@@ -490,7 +503,9 @@ class Trainer:
             self._eval_step, self.compute_axis_mapping, in_axis_resources=self.parameter_axis_mapping
         )
         # compiled once per (model_init, is_trainable): both are static arguments
-        self._init = named_jit(self._build_state, self.parameter_axis_mapping)
+        self._init = named_jit(
+            self._build_state, self.parameter_axis_mapping, compiler_options=_init_compiler_options(self.mesh)
+        )
         self._stop_reason: str | None = None
         self.last_stop_reason: str | None = None
         """Why the last :meth:`train` call stopped early (e.g. ``"SIGINT"``), or None if it ran to the end."""
@@ -631,20 +646,57 @@ class Trainer:
         Returns:
             The state at step 0, parameters sharded by the parameter mapping.
         """
-        root = jax.random.PRNGKey(self.config.seed) if key is None else key
-        model_key, training_key = jax.random.split(root)
+        seed = self.config.seed
+        # the root key is made and split inside the one compiled init program: eager PRNGKey/split calls
+        # would each compile a tiny program of their own (on every start, as they are too quick to cache)
+        if key is None and 0 <= seed < 2**31:
+            root: Any = np.int32(seed)
+        else:
+            root = jax.random.PRNGKey(seed) if key is None else key
         with self._on_mesh():
-            return self._init(model_key, training_key, model_init, _ByIdentity(is_trainable))
+            return self._init(root, model_init, _ByIdentity(is_trainable))
 
     def _build_state(
-        self,
-        model_key: jax.Array,
-        training_key: jax.Array,
-        model_init: Callable[[jax.Array], Any],
-        is_trainable: _ByIdentity,
+        self, root: jax.Array, model_init: Callable[[jax.Array], Any], is_trainable: _ByIdentity
     ) -> TrainerState:
+        if root.ndim == 0 and jnp.issubdtype(root.dtype, jnp.integer):  # a seed, not a (typed) key
+            root = jax.random.PRNGKey(root)
+        model_key, training_key = jax.random.split(root)
         model = self.mp.cast_to_param(model_init(model_key))
         return init_state(model, self.optimizer, training_key, is_trainable=is_trainable.value)
+
+    def compile_step(self, state: TrainerState, batch: Any) -> None:
+        """Compile the training step for a state and batches like these, without running it.
+
+        The next :meth:`train_step` (or :meth:`train`) with arrays of the same shapes, dtypes and shardings
+        then starts at once. Only the structure of ``state`` and ``batch`` is read, never their values, and
+        nothing is donated, so a placeholder batch of zeros will do. XLA releases the GIL while it compiles:
+        call this from a background thread to compile the step while the rest of the run gets ready
+        (data, checkpoint restore, trackers). Where the state passed to :meth:`train_step` later differs
+        (another sharding, say), that call compiles again, with the same result.
+
+        Args:
+            state: the state the first step will get (e.g. from :meth:`initial_state`).
+            batch: a batch with the layout of the training batches: the whole global batch, or (several
+                processes) this process's rows, as :meth:`shard_batch` takes.
+
+        Raises:
+            ValueError: if the batch does not have ``train_batch_size`` examples.
+
+        Example:
+            >>> import optax, jax.numpy as jnp
+            >>> cfg = TrainerConfig(train_batch_size=4, num_train_steps=2, compilation_cache_dir=None)
+            >>> trainer = Trainer(cfg, optax.sgd(0.1), lambda model, batch, *, key: jnp.mean((batch - model) ** 2))
+            >>> state = trainer.initial_state(lambda key: jnp.zeros(()))
+            >>> trainer.compile_step(state, jnp.zeros(4))  # the step below does not compile again
+            >>> state, metrics = trainer.train_step(state, jnp.ones(4))
+        """
+        placed = self.shard_batch(batch)
+        _check_batch(placed, self.config.batch_axis, self.config.train_batch_size)
+        start = time.perf_counter()
+        with self._on_mesh():
+            self._step.lower(state, *_BatchLayout.strip(placed)).compile()
+        logger.debug("training step compiled in %.2f s", time.perf_counter() - start)
 
     # -- the step ----------------------------------------------------------------------------------
     def _loss_and_grad(

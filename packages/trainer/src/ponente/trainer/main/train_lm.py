@@ -14,12 +14,15 @@ Levanter's key names) read from YAML files and dotted overrides; ``--help`` list
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +340,72 @@ def _eval_batches(
         yield batch
 
 
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started_ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
+class _Startup:
+    """Wall-clock times of the phases between the process start and the first step, for the logs.
+
+    Phases on the main thread end with :meth:`mark` (each lasts since the previous mark); work started in a
+    background thread with :meth:`background` reports its own duration. Each phase is logged at DEBUG as it
+    ends; :meth:`first_step` logs them all at INFO once.
+    """
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.last = start
+        self.phases: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._reported = False
+
+    def _record(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.phases[name] = seconds
+        logger.debug("startup: %s took %.2f s (%.2f s after start)", name, seconds, time.perf_counter() - self.start)
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self._record(name, now - self.last)
+        self.last = now
+
+    def background(self, pool: ThreadPoolExecutor, name: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` in ``pool``; its duration is recorded as the phase ``name`` (``[bg]`` in the log)."""
+        begun = time.perf_counter()
+
+        def task() -> Any:
+            try:
+                return fn(*args)
+            finally:
+                self._record(f"[bg] {name}", time.perf_counter() - begun)
+
+        return pool.submit(task)
+
+    def first_step(self) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        with self._lock:
+            detail = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.phases.items())
+        logger.info("first step done %.1f s after start (%s)", time.perf_counter() - self.start, detail)
+
+
+def _placeholder_batch(rows: slice, seq_len: int) -> dict[str, Any]:
+    """Zeros in the layout of this process's training batches, to compile the step before data arrives."""
+    import numpy as np
+
+    zeros = np.zeros((rows.stop - rows.start, seq_len), dtype=np.int32)
+    return lm_batch({"input_ids": zeros, "segment_ids": zeros})
+
+
 def _resolve(path: str) -> str:
     return path if "://" in path else str(Path(path).resolve())
 
@@ -357,6 +426,10 @@ def train(config: TrainLmConfig) -> TrainResult:
     """
     import jax
 
+    age = _process_age()
+    startup = _Startup(time.perf_counter() - (age or 0.0))
+    if age is not None:
+        startup.mark("interpreter start and imports")
     # partitionable threefry: random bits do not depend on how arrays are sharded, so a run resumed on
     # another mesh draws the same dropout masks and the same initialization
     jax.config.update("jax_threefry_partitionable", True)
@@ -389,47 +462,72 @@ def train(config: TrainLmConfig) -> TrainResult:
     config = dataclasses.replace(config, trainer=tcfg, model=model_config)
     resolved = config_to_dict(config)
     provenance = _provenance(resolved)
+    startup.mark("config and tokenizer")
 
+    # trackers are created before any other thread starts: the tensorboard tracker hides torch while it imports
     tracker = init_trackers(tcfg.tracker, run_id)
-    run_dir = tcfg.run_dir.format(run_id=run_id) if tcfg.run_dir else None
-    log_run_info(tracker, resolved, run_dir=run_dir)
-    checkpointer = tcfg.checkpointer.create(run_id, metadata=provenance)
-    outputs: dict[str, str] = {"checkpoints": _resolve(checkpointer.run_path)}
-    if run_dir is not None:
-        outputs["run record"] = _resolve(run_dir)
-    for _i, tracker_config in enumerate(tcfg.tracker if isinstance(tcfg.tracker, tuple) else (tcfg.tracker,)):
-        for attr in ("logdir", "path"):
-            where = getattr(tracker_config, attr, None)
-            if isinstance(where, str):
-                outputs[f"{tracker_config.choice_name} logs"] = _resolve(where.format(run_id=run_id))
+    startup.mark("trackers")
+    # Until the first step, four things proceed at once (XLA compiles and tokenizers release the GIL): the
+    # run record (git, pip freeze), the token caches (built in their own threads; the datasets wait for the
+    # first rows), the compilation of the training step, and on this thread the initial state and checkpoint.
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ponente-startup") as pool:
+        run_dir = tcfg.run_dir.format(run_id=run_id) if tcfg.run_dir else None
+        recorded = startup.background(
+            pool, "run record", functools.partial(log_run_info, run_dir=run_dir), tracker, resolved
+        )
+        checkpointer = tcfg.checkpointer.create(run_id, metadata=provenance)
+        outputs: dict[str, str] = {"checkpoints": _resolve(checkpointer.run_path)}
+        if run_dir is not None:
+            outputs["run record"] = _resolve(run_dir)
+        for tracker_config in tcfg.tracker if isinstance(tcfg.tracker, tuple) else (tcfg.tracker,):
+            for attr in ("logdir", "path"):
+                where = getattr(tracker_config, attr, None)
+                if isinstance(where, str):
+                    outputs[f"{tracker_config.choice_name} logs"] = _resolve(where.format(run_id=run_id))
 
-    # the caches build in background threads while the model and the step compile
-    data_seed = tcfg.seed if config.data_seed is None else config.data_seed
-    _build_caches_once(data, tcfg)
-    train_set = data.train_set(seq_len, seed=data_seed, batch_size=tcfg.train_batch_size)
-    validation = data.validation_sets(seq_len)
+        data_seed = tcfg.seed if config.data_seed is None else config.data_seed
+        _build_caches_once(data, tcfg)
 
-    optimizer = config.optimizer
-    trainer = Trainer(
-        tcfg,
-        optimizer.build(tcfg.num_train_steps),
-        lm_loss_fn(config.z_loss_weight, config.cross_entropy_block_size),
-        lr_schedule=optimizer.lr_scheduler(tcfg.num_train_steps),
-        log_fn=lambda metrics, step: tracker.log(metrics, step=step),
-        flops_per_token=model_config.flops_per_token(vocab_size),
-    )
-    state = trainer.initial_state(lambda key: model_config.build(Vocab, key=key))
-    if config.initialize_from_hf and tcfg.initialize_from is None:
-        import equinox as eqx
+        def datasets() -> tuple[Any, dict[str, Any]]:
+            train_set = data.train_set(seq_len, seed=data_seed, batch_size=tcfg.train_batch_size)
+            return train_set, data.validation_sets(seq_len)
 
-        from ponente.models.hf import load_pretrained
+        data_ready = startup.background(pool, "datasets (first cache rows)", datasets)
 
-        pretrained = trainer.mp.cast_to_param(load_pretrained(config.initialize_from_hf))
-        state = eqx.tree_at(lambda s: s.model, state, pretrained)
-    state, resumed_from = _restore(state, tcfg, checkpointer, provenance)
-    start_step = int(state.step)
-    # the log then holds each step once: records a killed run wrote after its last checkpoint are dropped
-    tracker.resume_from(start_step)
+        optimizer = config.optimizer
+        trainer = Trainer(
+            tcfg,
+            optimizer.build(tcfg.num_train_steps),
+            lm_loss_fn(config.z_loss_weight, config.cross_entropy_block_size),
+            lr_schedule=optimizer.lr_scheduler(tcfg.num_train_steps),
+            log_fn=lambda metrics, step: tracker.log(metrics, step=step),
+            flops_per_token=model_config.flops_per_token(vocab_size),
+        )
+        rows = trainer.process_batch_rows()  # this process loads only the rows of its own devices
+        state = trainer.initial_state(lambda key: model_config.build(Vocab, key=key))
+        startup.mark("model and optimizer init")
+        step_compiled: Future[Any] | None = None
+        if config.initialize_from_hf and tcfg.initialize_from is None:
+            import equinox as eqx
+
+            from ponente.models.hf import load_pretrained
+
+            pretrained = trainer.mp.cast_to_param(load_pretrained(config.initialize_from_hf))
+            state = eqx.tree_at(lambda s: s.model, state, pretrained)
+        else:  # the checkpoint restored below has the same shapes and shardings
+            step_compiled = startup.background(
+                pool, "train step compile", trainer.compile_step, state, _placeholder_batch(rows, seq_len)
+            )
+        state, resumed_from = _restore(state, tcfg, checkpointer, provenance)
+        start_step = int(state.step)
+        startup.mark("checkpoint restore")
+        recorded.result()
+        # the log then holds each step once: records a killed run wrote after its last checkpoint are dropped
+        tracker.resume_from(start_step)
+        train_set, validation = data_ready.result()
+        if step_compiled is not None:
+            step_compiled.result()
+        startup.mark("waiting for the background work")
 
     eval_batch = trainer.eval_batch_size
     eval_rows = trainer.process_batch_rows(eval_batch)  # like training, each process loads its own rows
@@ -448,6 +546,7 @@ def train(config: TrainLmConfig) -> TrainResult:
         return results
 
     def on_step(info: Any) -> None:
+        startup.first_step()
         if not info.final:
             losses.append(info.loss)
             checkpointer.on_step(info.state, info.step)
@@ -462,7 +561,6 @@ def train(config: TrainLmConfig) -> TrainResult:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     previous_term = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
-    rows = trainer.process_batch_rows()  # this process loads only the rows of its own devices
     loader = DataLoader(
         train_set, tcfg.train_batch_size, start_step=start_step, stop_step=tcfg.num_train_steps, rows=rows
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -131,7 +132,7 @@ class TensorboardConfig(TrackerConfig):
         if jax.process_index() != 0:
             return NoopTracker()
         try:
-            from tensorboardX import SummaryWriter
+            SummaryWriter = _summary_writer_class()
         except ImportError as exc:
             raise ImportError(
                 "the tensorboard tracker needs tensorboardX: pip install 'ponente-trainer[tensorboard]' "
@@ -148,6 +149,26 @@ class TensorboardConfig(TrackerConfig):
             filename_suffix=self.filename_suffix,
         )
         return TensorboardTracker(writer)
+
+
+def _summary_writer_class() -> type[SummaryWriter]:
+    """``tensorboardX.SummaryWriter``, imported without importing PyTorch.
+
+    tensorboardX imports ``torch`` when it is installed (seconds of start-up time), only to accept torch
+    tensors, which this tracker never passes. Unless torch is already imported, it is hidden for the
+    duration of the import. Call this on the main thread before other threads start importing: a thread
+    that imported torch (or looked for it) at the same moment would be told that it is missing.
+    """
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 def _escape_cell(value: Any) -> str:
