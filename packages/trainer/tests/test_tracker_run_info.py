@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,8 +67,15 @@ def test_git_info_outside_a_repo_and_in_a_repo_without_commits(
 
 def test_pip_freeze_matches_pip() -> None:
     ours = [line for line in trk.pip_freeze().splitlines() if not line.startswith("#")]
+    # pip sees this process's sys.path (imported packages may have extended it, e.g. Ray adds its vendored
+    # third-party folder), so both list the same distributions.
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     pip = subprocess.run(
-        [sys.executable, "-m", "pip", "freeze", "--all"], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "pip", "freeze", "--all"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
     ).stdout
     theirs = [line for line in pip.splitlines() if not line.startswith("#")]
     assert ours == theirs
