@@ -7,10 +7,20 @@ layout, stacked layers under ``lax.scan``) updated by the same optax AdamW in a 
 Recorded per model: the median step times, the ratio trainer/positional (target <= 1.0), the ratio
 trainer/bare (the same named model and loss in a bare donated ``eqx.filter_jit`` step: the Trainer's own
 cost) and the absolute difference of the first step's losses (a check that both compute the same function).
+The reference steps also return the global gradient norm, as the Trainer's step does (its ``grad_norm`` metric).
+
+The three steps are timed in interleaved rounds (each step once per round, the order rotating), so that load
+on a shared machine hits all of them alike; times are medians over rounds, and each ratio is the median of the
+per-round ratios, recorded with its spread (``ratio_min``, ``ratio_max``) and the ratio of the fastest steps
+(``ratio_of_min``). Environment knobs: ``PONENTE_BENCH_TRAINER_MODELS`` (comma-separated subset of
+``gpt2,llama``; default both) and ``PONENTE_BENCH_STEPS`` (rounds, default 30).
 """
 
 from __future__ import annotations
 
+import os
+import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
@@ -152,47 +162,91 @@ def _bench(rec: Recorder, name: str, cfg: Any, to_params: Any, logits_fn: Any) -
 
     tokens = jnp.asarray(tokens_np)
 
-    def positional_update(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
+    def positional_update(
+        params: Any, opt_state: Any, tokens: jax.Array
+    ) -> tuple[Any, Any, tuple[jax.Array, jax.Array]]:
         loss, grads = jax.value_and_grad(lambda p: _positional_loss(logits_fn, p, tokens))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, (loss, optax.tree.norm(grads))
 
     update = jax.jit(positional_update, donate_argnums=(0, 1))
     pos = [params, optimizer.init(params)]
 
     def positional_step() -> float:
-        pos[0], pos[1], loss = update(pos[0], pos[1], tokens)
+        pos[0], pos[1], (loss, _norm) = update(pos[0], pos[1], tokens)
         return float(loss)
 
     # the same named model and loss in a bare donated ``eqx.filter_jit`` step: separates the Trainer's own
     # cost (trainer / bare) from the cost of the named model itself (bare / positional)
     @eqx.filter_jit(donate="all-except-first")
-    def bare_update(example: LmExample, model: Any, opt_state: Any) -> tuple[Any, Any, jax.Array]:
+    def bare_update(example: LmExample, model: Any, opt_state: Any) -> tuple[Any, Any, tuple[jax.Array, jax.Array]]:
         loss, grads = eqx.filter_value_and_grad(lambda m: _named_loss(m, example, key=None).array)(model)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
-        return eqx.apply_updates(model, updates), opt_state, loss
+        return eqx.apply_updates(model, updates), opt_state, (loss, optax.tree.norm(grads))
 
     bare_model = model_init(jax.random.PRNGKey(0))
     bare = [bare_model, optimizer.init(eqx.filter(bare_model, eqx.is_inexact_array))]
 
     def bare_step() -> float:
-        bare[0], bare[1], loss = bare_update(example, bare[0], bare[1])
+        bare[0], bare[1], (loss, _norm) = bare_update(example, bare[0], bare[1])
         return float(loss)
 
     first_named, first_positional = trainer_step(), positional_step()
-    t_named = time_fn(trainer_step, warmup=2, repeat=10)
-    t_pos = time_fn(positional_step, warmup=2, repeat=10)
-    t_bare = time_fn(bare_step, warmup=2, repeat=10)
+    times = _interleaved({"trainer": trainer_step, "positional": positional_step, "bare_named": bare_step})
+    t_named, t_pos, t_bare = (statistics.median(times[k]) for k in ("trainer", "positional", "bare_named"))
     shape = {"batch": BATCH, "seq_len": SEQ, "hidden": cfg.hidden_dim, "layers": cfg.num_layers}
     rec.record(f"{name}_train_step/trainer", "time", t_named, "s", **shape)
     rec.record(f"{name}_train_step/positional", "time", t_pos, "s", **shape)
     rec.record(f"{name}_train_step/bare_named", "time", t_bare, "s", **shape)
-    rec.record(f"{name}_train_step", "ratio", t_named / t_pos, "x", target="<= 1.0", **shape)
-    rec.record(f"{name}_train_step", "trainer_over_bare_ratio", t_named / t_bare, "x", **shape)
+    ratio, spread = _ratio(times["trainer"], times["positional"])
+    rec.record(f"{name}_train_step", "ratio", ratio, "x", target="<= 1.0", **spread, **shape)
+    ratio, spread = _ratio(times["trainer"], times["bare_named"])
+    rec.record(f"{name}_train_step", "trainer_over_bare_ratio", ratio, "x", **spread, **shape)
     rec.record(f"{name}_train_step", "first_loss_abs_diff", abs(first_named - first_positional), "nats")
 
 
+def _interleaved(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+    """Seconds of each step over ``PONENTE_BENCH_STEPS`` rounds in which every step runs once, in rotating order.
+
+    Timing single steps back to back (rather than a batch of one, then of the other) makes load on a shared
+    machine hit the steps alike; the ratio of round ``i`` compares steps run within the same second.
+    """
+    rounds = int(os.environ.get("PONENTE_BENCH_STEPS", "30"))
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for fn in steps.values():
+        for _ in range(2):  # warm up every step before the first timed round
+            fn()
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            times[n].append(time_fn(steps[n], warmup=0, repeat=1))
+    return times
+
+
+def _ratio(a: list[float], b: list[float]) -> tuple[float, dict[str, Any]]:
+    """The median of the per-round ratios ``a / b``, and their spread and the ratio of the fastest rounds."""
+    per_round = [x / y for x, y in zip(a, b, strict=True)]
+    spread = {
+        "rounds": len(per_round),
+        "ratio_min": round(min(per_round), 4),
+        "ratio_max": round(max(per_round), 4),
+        "ratio_of_min": round(min(a) / min(b), 4),
+    }
+    return statistics.median(per_round), spread
+
+
+_MODELS = {"gpt2": (GPT2, _gpt2_params, _gpt2_logits), "llama": (LLAMA, _llama_params, _llama_logits)}
+
+
 def run(rec: Recorder) -> None:
-    """Time one training step of small GPT-2 and Llama models, named (Trainer) vs positional."""
-    _bench(rec, "gpt2", GPT2, _gpt2_params, _gpt2_logits)
-    _bench(rec, "llama", LLAMA, _llama_params, _llama_logits)
+    """Time one training step of small GPT-2 and Llama models, named (Trainer) vs positional.
+
+    Raises:
+        ValueError: if ``PONENTE_BENCH_TRAINER_MODELS`` names a model other than ``gpt2`` and ``llama``.
+    """
+    chosen = [m.strip() for m in os.environ.get("PONENTE_BENCH_TRAINER_MODELS", ",".join(_MODELS)).split(",")]
+    unknown = [m for m in chosen if m not in _MODELS]
+    if unknown:
+        raise ValueError(f"PONENTE_BENCH_TRAINER_MODELS: unknown models {unknown}; choose among {list(_MODELS)}")
+    for name in chosen:
+        _bench(rec, name, *_MODELS[name])

@@ -211,6 +211,21 @@ def test_named_jit_donation():
         P.named_jit(lambda a, **kw: a, donate_kwargs={"c": True})(jnp.ones(3))
 
 
+def test_named_jit_donation_prefix_mask_reaches_the_right_leaves():
+    # a per-argument pytree prefix of bools, with non-array leaves interleaved between the arrays
+    jitted = P.named_jit(
+        lambda d, c: {"sum": d["a"] + d["b"] + c, "twice": 2 * c, "tag": d["tag"]},
+        donate_args=({"a": True, "b": False, "tag": True}, True),
+    )
+    for _ in range(2):  # the second call goes through the cached entry
+        a, b, c = jnp.ones(3), jnp.full(3, 2.0), jnp.full(3, 4.0)
+        out = jitted({"a": a, "tag": "t", "b": b}, c)
+        np.testing.assert_array_equal(out["sum"], np.full(3, 7.0))
+        np.testing.assert_array_equal(out["twice"], np.full(3, 8.0))
+        assert out["tag"] == "t"
+        assert [a.is_deleted(), b.is_deleted(), c.is_deleted()] == [True, False, True]
+
+
 def test_named_jit_static_outputs_follow_input_shapes():
     jitted = P.named_jit(lambda x: (x.sum(), x.shape[0], "n"))
     for n in (2, 3, 2, 3):

@@ -102,8 +102,15 @@ def dot_product_attention(
     value = value.rename({Pos.name: KPos.name})
     explicit = mask.materialize(Pos, KPos) if isinstance(mask, AttentionMask) else mask
     scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
-    weights = hattn.dot_product_attention_weights(HeadSize, KPos, query, key, explicit, scaling_factor=scale)
-    return hax.dot(weights, value, axis=KPos.name)
+    # The scores and weights take the query's axis order. Putting the axes shared with the key (batch, kv
+    # heads) first makes that order the one ``dot_general`` produces, ``(batch..., Pos, group..., KPos)``, so
+    # neither the scores nor their gradients are transposed; grouped query heads join ``Pos`` in the rows of
+    # one matmul per kv head instead of repeating the keys.
+    shared = tuple(ax for ax in query.axes if ax.name not in (Pos.name, HeadSize.name) and key.has_axis(ax.name))
+    rest = tuple(ax for ax in query.axes if ax.name != HeadSize.name and not key.has_axis(ax.name))
+    q = query.rearrange((*shared, *rest, query.resolve_axis(HeadSize.name)))
+    weights = hattn.dot_product_attention_weights(HeadSize, KPos, q, key, explicit, scaling_factor=scale)
+    return hax.dot(weights, value, axis=KPos.name).rearrange(query.axes)
 
 
 def _check_backend(backend: str) -> None:

@@ -14,6 +14,7 @@ from ``jax.set_mesh`` (or the older ``with mesh:``). :func:`make_mesh` builds a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import logging
@@ -611,9 +612,6 @@ class _Static:
             return False
         return all(_static_equal(a, b) for a, b in zip(self.leaves, other.leaves))
 
-    def value(self) -> Any:
-        return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
-
 
 def _static_equal(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
@@ -630,6 +628,30 @@ def _freeze(mapping: ResourceMapping | None) -> Any:
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+class _ArraySlot:
+    """Stands for an array leaf in the static part of a call (equal only to itself)."""
+
+    def __repr__(self) -> str:
+        return "<array>"
+
+
+_ARRAY_SLOT = _ArraySlot()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    """One compiled entry of :class:`_NamedJit`: the call, the ``jax.jit`` function and where its inputs come from.
+
+    ``donated_at`` and ``kept_at`` are the positions, among the flattened arguments, of the donated and the
+    kept arrays; the jitted function takes them as two lists (flattening once per call keeps dispatch cheap).
+    """
+
+    run: Callable[..., Any]
+    jitted: Any
+    donated_at: tuple[int, ...]
+    kept_at: tuple[int, ...]
 
 
 class _NamedJit:
@@ -652,7 +674,7 @@ class _NamedJit:
         self.donate_args = donate_args
         self.donate_kwargs = donate_kwargs
         self.jit_args = jit_args
-        self._cache: dict[Any, tuple[Callable[..., Any], Any]] = {}
+        self._cache: dict[Any, _Compiled] = {}
         functools.update_wrapper(self, fn)
 
     def _donation_mask(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -678,18 +700,33 @@ class _NamedJit:
             donate_kwargs = dict.fromkeys(kwargs, donate_kwargs)
         return (donate_args, donate_kwargs)
 
-    def _compiled(self, static: _Static, mapping_key: Any, mesh: Mesh | None) -> tuple[Callable[..., Any], Any]:
+    def _compiled(
+        self, static: _Static, mapping_key: Any, mesh: Mesh | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _Compiled:
         key = (static, mapping_key, mesh)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         compute, in_mapping, out_mapping = _unfreeze(mapping_key)
-        out_static: dict[Any, Any] = {}
+        # which leaves are donated: the donation mask is a prefix of the arguments made of Python bools, so it
+        # is the same for every call with this structure; find it once by partitioning a tree of leaf indices
+        n = len(static.leaves)
+        index_tree = jax.tree_util.tree_unflatten(static.treedef, list(range(n)))
+        donated_tree = eqx.partition(index_tree, self._donation_mask(args, kwargs))[0]
+        marked = set(jax.tree_util.tree_leaves(donated_tree))
+        arrays = [i for i, leaf in enumerate(static.leaves) if leaf is _ARRAY_SLOT]
+        donated_at = tuple(i for i in arrays if i in marked)
+        kept_at = tuple(i for i in arrays if i not in marked)
+        outputs: dict[Any, tuple[Any, list[Any], tuple[int, ...]]] = {}
         fn = self.fn
 
-        def body(donated: Any, kept: Any) -> Any:
-            dynamic = eqx.combine(donated, kept)
-            args, kwargs = eqx.combine(dynamic, static.value())
+        def body(donated: list[Any], kept: list[Any]) -> list[Any]:
+            leaves = list(static.leaves)
+            for i, x in zip(donated_at, donated, strict=True):
+                leaves[i] = x
+            for i, x in zip(kept_at, kept, strict=True):
+                leaves[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(static.treedef, leaves)
             with contextlib.ExitStack() as stack:
                 if compute is not None:
                     stack.enter_context(axis_mapping(compute))
@@ -699,36 +736,42 @@ class _NamedJit:
                 out = fn(*args, **kwargs)
                 if out_mapping is not None:
                     out = _shard(out, out_mapping, mesh)
-            out_dynamic, out_rest = eqx.partition(out, _is_array)
-            out_static[_signature(donated, kept)] = out_rest
-            return out_dynamic
+            out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
+            out_arrays = tuple(i for i, x in enumerate(out_leaves) if _is_array(x))
+            template = [None if _is_array(x) else x for x in out_leaves]
+            outputs[_signature(donated, kept)] = (out_treedef, template, out_arrays)
+            return [out_leaves[i] for i in out_arrays]
 
         jitted = jax.jit(body, donate_argnums=(0,), **self.jit_args)
 
-        def run(donated: Any, kept: Any) -> Any:
+        def run(donated: list[Any], kept: list[Any]) -> Any:
             signature = _signature(donated, kept)  # before the call: donation invalidates the buffers
-            out_dynamic = jitted(donated, kept)
-            return eqx.combine(out_dynamic, out_static[signature])
+            values = jitted(donated, kept)
+            out_treedef, template, out_arrays = outputs[signature]
+            leaves = list(template)
+            for i, x in zip(out_arrays, values, strict=True):
+                leaves[i] = x
+            return jax.tree_util.tree_unflatten(out_treedef, leaves)
 
-        self._cache[key] = (run, jitted)
-        return run, jitted
+        compiled = _Compiled(run, jitted, donated_at, kept_at)
+        self._cache[key] = compiled
+        return compiled
 
-    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], Any, Any, Any]:
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Compiled, list[Any], list[Any]]:
         compute = self.axis_resources if self.axis_resources is not None else current_thread_local_mapping()
         in_mapping = self.in_axis_resources if self.in_axis_resources is not None else compute
         out_mapping = self.out_axis_resources if self.out_axis_resources is not None else compute
         mesh = current_mesh()
-        dynamic, static_tree = eqx.partition((args, kwargs), _is_array)
-        leaves, treedef = jax.tree_util.tree_flatten(static_tree)
-        static = _Static(treedef, leaves)
-        donated, kept = eqx.partition(dynamic, self._donation_mask(args, kwargs))
+        # one flatten per call: array leaves are traced, the rest (and the structure) is the static key
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        static = _Static(treedef, [_ARRAY_SLOT if _is_array(x) else x for x in leaves])
         mapping_key = (_freeze(compute), _freeze(in_mapping), _freeze(out_mapping))
-        run, jitted = self._compiled(static, mapping_key, mesh)
-        return run, jitted, donated, kept
+        compiled = self._compiled(static, mapping_key, mesh, args, kwargs)
+        return compiled, [leaves[i] for i in compiled.donated_at], [leaves[i] for i in compiled.kept_at]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run, _, donated, kept = self._prepare(args, kwargs)
-        return run(donated, kept)
+        compiled, donated, kept = self._prepare(args, kwargs)
+        return compiled.run(donated, kept)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments without running (``jax.stages.Lowered``: ``.as_text()``, ``.compile()``).
@@ -740,8 +783,8 @@ class _NamedJit:
         Returns:
             The lowered computation (of the array part of the arguments).
         """
-        _, jitted, donated, kept = self._prepare(args, kwargs)
-        return jitted.lower(donated, kept)
+        compiled, donated, kept = self._prepare(args, kwargs)
+        return compiled.jitted.lower(donated, kept)
 
 
 def _unfreeze(key: Any) -> tuple[ResourceMapping | None, ...]:
