@@ -11,6 +11,7 @@ import glob
 import os
 import shutil
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -159,6 +160,71 @@ def build(session: nox.Session) -> None:
                 f"import ponente.{package} as m; print('ponente-{package}', m.__version__, 'from', m.__file__)",
                 external=True,
             )
+
+
+HALIAX_VERSION = "1.4.dev453"
+# The compat run's thresholds (percent of the Haliax tests that pass on Haliax itself). Raise them as gaps close;
+# the target is 97 overall and 90 for every file.
+COMPAT_MIN_RATE = 37.0
+COMPAT_MIN_FILE_RATE = 0.0
+COMPAT_DIR = ROOT / "packages" / "namedtensor" / "compat"
+COMPAT_TEST_DEPS = ("pytest>=8", "pytest-xdist>=3.5", "chex>=0.1.86")
+
+
+def _haliax_tests(session: nox.Session, cache: Path, dest: Path) -> None:
+    """Download Haliax's sdist once (kept in ``cache``) and extract its ``tests/`` folder to ``dest``."""
+    sdist = cache / f"haliax-{HALIAX_VERSION}.tar.gz"
+    if not sdist.is_file():
+        session.run(
+            "pip", "download", "--no-deps", "--no-binary", ":all:", f"haliax=={HALIAX_VERSION}", "-d", str(cache)
+        )
+    prefix = f"haliax-{HALIAX_VERSION}/tests/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
+        if not members:
+            session.error(f"{sdist} has no {prefix} folder")
+        for member in members:
+            member.name = member.name[len(prefix) :]
+            tar.extract(member, dest, filter="data")
+
+
+@nox.session
+def compat(session: nox.Session) -> None:
+    """Haliax's own test suite against ponente.namedtensor (through an import shim) vs against real Haliax."""
+    cache = ROOT / ".nox" / "_compat"
+    cache.mkdir(parents=True, exist_ok=True)
+    # Real Haliax in a venv of its own, kept between runs (a marker file says it is complete).
+    haliax_venv = cache / f"haliax-{HALIAX_VERSION}-venv"
+    haliax_python = str(haliax_venv / "bin" / "python")
+    if not (haliax_venv / "complete").is_file():
+        shutil.rmtree(haliax_venv, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(haliax_venv), external=True)
+        session.run(
+            haliax_python, "-m", "pip", "install", "--quiet", f"haliax=={HALIAX_VERSION}", *COMPAT_TEST_DEPS,
+            external=True,
+        )  # fmt: skip
+        (haliax_venv / "complete").touch()
+    session.install(*_requirement("namedtensor"), *COMPAT_TEST_DEPS)
+    session.env.pop("XLA_FLAGS", None)  # one device on both sides
+    session.env["JAX_PLATFORMS"] = "cpu"
+    pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--no-header", "-o", "addopts=")
+    with tempfile.TemporaryDirectory(prefix="ponente-compat-") as tmp:
+        runs = {"haliax": (Path(tmp) / "haliax", haliax_python), "ponente": (Path(tmp) / "ponente", "python")}
+        for name, (folder, python) in runs.items():
+            _haliax_tests(session, cache, folder)
+            if name == "ponente":
+                template = (COMPAT_DIR / "conftest.py.in").read_text()
+                (folder / "conftest.py").write_text(template.format(shim_dir=str(COMPAT_DIR)))
+            with session.chdir(folder):
+                session.run(
+                    python, *pytest_args, f"--junitxml={Path(tmp) / name}.xml", ".",
+                    success_codes=[0, 1], external=True, silent=True,
+                )  # fmt: skip
+        session.run(
+            "python", str(COMPAT_DIR / "report.py"), str(Path(tmp) / "haliax.xml"), str(Path(tmp) / "ponente.xml"),
+            f"--min-rate={COMPAT_MIN_RATE}", f"--min-file-rate={COMPAT_MIN_FILE_RATE}",
+            f"--differences={ROOT / 'docs' / 'namedtensor' / 'docs' / 'differences.md'}",
+        )  # fmt: skip
 
 
 @nox.session(default=False)
