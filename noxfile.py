@@ -106,10 +106,15 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole repository."""
-    session.install("ruff>=0.8")
+    """ruff check and format --check over the repository; the import contracts (.importlinter) and their test."""
+    session.install("ruff>=0.8", "import-linter==2.17", "pytest>=8")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    # grimp reads the sources without importing them, so the packages go on the path instead of being installed.
+    session.env["PYTHONPATH"] = os.pathsep.join(str(ROOT / "packages" / p / "src") for p in PACKAGES)
+    session.run("lint-imports", "--no-cache", "--no-logo")
+    # ... and a forbidden import, planted in a copy of the sources, fails them.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_import_contracts.py")
 
 
 @nox.session
@@ -165,8 +170,8 @@ def build(session: nox.Session) -> None:
 HALIAX_VERSION = "1.4.dev453"
 # The compat run's thresholds (percent of the Haliax tests that pass on Haliax itself). Raise them as gaps close;
 # the target is 97 overall and 90 for every file.
-COMPAT_MIN_RATE = 37.0
-COMPAT_MIN_FILE_RATE = 0.0
+COMPAT_MIN_RATE = 99.0
+COMPAT_MIN_FILE_RATE = 90.0
 COMPAT_DIR = ROOT / "packages" / "namedtensor" / "compat"
 COMPAT_TEST_DEPS = ("pytest>=8", "pytest-xdist>=3.5", "chex>=0.1.86")
 

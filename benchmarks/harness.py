@@ -119,8 +119,9 @@ class Recorder:
 
 
 def available_suites() -> list[str]:
-    """Names of the modules in ``benchmarks/suites``."""
-    return sorted(m.name for m in pkgutil.iter_modules(benchmarks.suites.__path__) if not m.name.startswith("_"))
+    """Names of the modules in ``benchmarks/suites``, dashes for underscores (``trainer_mfu``: ``trainer-mfu``)."""
+    modules = pkgutil.iter_modules(benchmarks.suites.__path__)
+    return sorted(m.name.replace("_", "-") for m in modules if not m.name.startswith("_"))
 
 
 def run_suite(suite: str, stream: TextIO | None = None) -> Recorder:
@@ -131,7 +132,7 @@ def run_suite(suite: str, stream: TextIO | None = None) -> Recorder:
     """
     if suite not in available_suites():
         raise ValueError(f"unknown benchmark suite {suite!r}; available: {', '.join(available_suites())}")
-    module = importlib.import_module(f"benchmarks.suites.{suite}")
+    module = importlib.import_module(f"benchmarks.suites.{suite.replace('-', '_')}")
     rec = Recorder(suite, stream)
     module.run(rec)
     return rec

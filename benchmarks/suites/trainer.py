@@ -63,14 +63,14 @@ def _layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Arr
     return (x - mean) * jax.lax.rsqrt(var + eps) * w + b
 
 
-def _gpt2_params(model: Any) -> dict[str, Any]:
+def gpt2_params(model: Any) -> dict[str, Any]:
     state = model.to_hf_state_dict()
     top = {k: jnp.asarray(v) for k, v in state.items() if ".h." not in k}
-    return {"top": top, "layers": _stack(state, "transformer.h.", GPT2.num_layers)}
+    return {"top": top, "layers": _stack(state, "transformer.h.", model.config.num_layers)}
 
 
-def _gpt2_logits(p: dict[str, Any], tokens: jax.Array) -> jax.Array:
-    top, eps, heads = p["top"], GPT2.layer_norm_epsilon, GPT2.num_heads
+def gpt2_logits(p: dict[str, Any], tokens: jax.Array, cfg: Gpt2Config = GPT2) -> jax.Array:
+    top, eps, heads = p["top"], cfg.layer_norm_epsilon, cfg.num_heads
     h = top["transformer.wte.weight"][tokens] + top["transformer.wpe.weight"][: tokens.shape[1]]
 
     def block(h: jax.Array, w: dict[str, jax.Array]) -> tuple[jax.Array, None]:
@@ -141,13 +141,24 @@ def _named_loss(model: Any, example: LmExample, *, key: jax.Array | None) -> Any
     return compute_next_token_loss(model, example, key=key)
 
 
-def _bench(rec: Recorder, name: str, cfg: Any, to_params: Any, logits_fn: Any) -> None:
-    Vocab = hax.Axis("vocab", VOCAB)
-    tokens_np = np.random.default_rng(0).integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)
+def bench_train_step(
+    rec: Recorder,
+    name: str,
+    cfg: Any,
+    to_params: Any,
+    logits_fn: Any,
+    *,
+    batch: int = BATCH,
+    vocab: int = VOCAB,
+    target: str = "<= 1.0",
+) -> None:
+    """Record the Trainer's step vs the positional step ``logits_fn`` (same math) and vs a bare named step."""
+    Vocab = hax.Axis("vocab", vocab)
+    tokens_np = np.random.default_rng(0).integers(0, vocab, (batch, cfg.seq_len)).astype(np.int32)
     optimizer = optax.adamw(1e-3, weight_decay=0.1)
 
     trainer = Trainer(
-        TrainerConfig(train_batch_size=BATCH, num_train_steps=10**6, compilation_cache_dir=None, progress_bar=False),
+        TrainerConfig(train_batch_size=batch, num_train_steps=10**6, compilation_cache_dir=None, progress_bar=False),
         optimizer,
         _named_loss,
     )
@@ -192,20 +203,20 @@ def _bench(rec: Recorder, name: str, cfg: Any, to_params: Any, logits_fn: Any) -
         return float(loss)
 
     first_named, first_positional = trainer_step(), positional_step()
-    times = _interleaved({"trainer": trainer_step, "positional": positional_step, "bare_named": bare_step})
+    times = interleaved_times({"trainer": trainer_step, "positional": positional_step, "bare_named": bare_step})
     t_named, t_pos, t_bare = (statistics.median(times[k]) for k in ("trainer", "positional", "bare_named"))
-    shape = {"batch": BATCH, "seq_len": SEQ, "hidden": cfg.hidden_dim, "layers": cfg.num_layers}
+    shape = {"batch": batch, "seq_len": cfg.seq_len, "hidden": cfg.hidden_dim, "layers": cfg.num_layers}
     rec.record(f"{name}_train_step/trainer", "time", t_named, "s", **shape)
     rec.record(f"{name}_train_step/positional", "time", t_pos, "s", **shape)
     rec.record(f"{name}_train_step/bare_named", "time", t_bare, "s", **shape)
-    ratio, spread = _ratio(times["trainer"], times["positional"])
-    rec.record(f"{name}_train_step", "ratio", ratio, "x", target="<= 1.0", **spread, **shape)
-    ratio, spread = _ratio(times["trainer"], times["bare_named"])
+    ratio, spread = round_ratio(times["trainer"], times["positional"])
+    rec.record(f"{name}_train_step", "ratio", ratio, "x", target=target, **spread, **shape)
+    ratio, spread = round_ratio(times["trainer"], times["bare_named"])
     rec.record(f"{name}_train_step", "trainer_over_bare_ratio", ratio, "x", **spread, **shape)
     rec.record(f"{name}_train_step", "first_loss_abs_diff", abs(first_named - first_positional), "nats")
 
 
-def _interleaved(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+def interleaved_times(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
     """Seconds of each step over ``PONENTE_BENCH_STEPS`` rounds in which every step runs once, in rotating order.
 
     Timing single steps back to back (rather than a batch of one, then of the other) makes load on a shared
@@ -223,7 +234,7 @@ def _interleaved(steps: dict[str, Callable[[], object]]) -> dict[str, list[float
     return times
 
 
-def _ratio(a: list[float], b: list[float]) -> tuple[float, dict[str, Any]]:
+def round_ratio(a: list[float], b: list[float]) -> tuple[float, dict[str, Any]]:
     """The median of the per-round ratios ``a / b``, and their spread and the ratio of the fastest rounds."""
     per_round = [x / y for x, y in zip(a, b, strict=True)]
     spread = {
@@ -235,7 +246,7 @@ def _ratio(a: list[float], b: list[float]) -> tuple[float, dict[str, Any]]:
     return statistics.median(per_round), spread
 
 
-_MODELS = {"gpt2": (GPT2, _gpt2_params, _gpt2_logits), "llama": (LLAMA, _llama_params, _llama_logits)}
+_MODELS = {"gpt2": (GPT2, gpt2_params, gpt2_logits), "llama": (LLAMA, _llama_params, _llama_logits)}
 
 
 def run(rec: Recorder) -> None:
@@ -249,4 +260,4 @@ def run(rec: Recorder) -> None:
     if unknown:
         raise ValueError(f"PONENTE_BENCH_TRAINER_MODELS: unknown models {unknown}; choose among {list(_MODELS)}")
     for name in chosen:
-        _bench(rec, name, *_MODELS[name])
+        bench_train_step(rec, name, *_MODELS[name])

@@ -138,11 +138,11 @@ def test_padding_and_backend_fields() -> None:
     assert cfg.padded_vocab(hax.Axis("vocab", 11)) == hax.Axis("vocab", 16)
     assert cfg.param_count(11) == LlamaConfig(**base).param_count(16)
     assert cfg.flops_per_token(11) == LlamaConfig(**base).flops_per_token(16)
-    assert (LlamaConfig(**base).attn_backend, LlamaConfig(**base).flash_attention_block_size) == ("reference", 128)
+    assert (LlamaConfig(**base).attn_backend, LlamaConfig(**base).flash_attention_block_size) == ("auto", 128)
     with pytest.raises(ValueError, match="vocab_padding_multiple"):
         LlamaConfig(**base, vocab_padding_multiple=0)
-    with pytest.raises(ValueError, match=r"attn_backend 'pallas'.*reference"):
-        LlamaConfig(**base, attn_backend="pallas")
+    with pytest.raises(ValueError, match=r"attn_backend 'splash'.*reference"):
+        LlamaConfig(**base, attn_backend="splash")
     with pytest.raises(ValueError, match="flash_attention_block_size"):
         Gpt2Config(**base, flash_attention_block_size=0)
     with pytest.raises(ValueError, match="multiple=0"):
@@ -165,3 +165,26 @@ def test_register_aliases() -> None:
         register_config("m2_test_fresh", aliases=("m2_test_alias",))(other)
     with pytest.raises(KeyError, match="m2_test_fresh"):
         config_for_type("m2_test_fresh")  # a failed registration registers nothing
+
+
+def test_flops_per_token_honours_sliding_windows() -> None:
+    from ponente.models import Gemma2Config, MistralConfig, QwenConfig
+
+    sizes = {"seq_len": 16, "hidden_dim": 16, "intermediate_dim": 32, "num_layers": 2, "num_heads": 2}
+    # counted by hand, per token: Q/K/V/O 2*16*(16+2*8) + 2*16*16 = 1536; gated MLP 2*16*32*3 = 3072 (both per
+    # layer); attention 2*2*keys*16 per layer, keys = 4 in a window of 4, 16 for full attention; head 2*16*10 = 320
+    gemma = Gemma2Config(**sizes, num_kv_heads=1, head_dim=8, sliding_window=4)  # layers: sliding, full
+    assert gemma.attention_windows() == (4, None)
+    assert gemma.flops_per_token(10) == 2 * (1536 + 3072) + 4 * 4 * 16 + 4 * 16 * 16 + 320
+    assert Gemma2Config(**sizes, num_kv_heads=1, head_dim=8, sliding_window=None).flops_per_token(10) == (
+        2 * (1536 + 3072) + 2 * 4 * 16 * 16 + 320
+    )
+    mistral = MistralConfig(**sizes, num_kv_heads=1, sliding_window=4)
+    assert mistral.flops_per_token(10) == 2 * (1536 + 3072) + 2 * 4 * 4 * 16 + 320
+    # a window longer than the sequence counts the sequence
+    assert MistralConfig(**sizes, num_kv_heads=1, sliding_window=64).flops_per_token(10) == (
+        MistralConfig(**sizes, num_kv_heads=1, sliding_window=None).flops_per_token(10)
+    )
+    qwen = QwenConfig(**sizes, num_kv_heads=1, sliding_window=2, layer_types=("full_attention", "sliding_attention"))
+    assert qwen.attention_windows() == (None, 2)
+    assert qwen.flops_per_token(10) == 2 * (1536 + 3072) + 4 * 16 * 16 + 4 * 2 * 16 + 320

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import ponente.namedtensor as hax
 from ponente.models import (
     Attention,
+    Gemma2Config,
     Gpt2Config,
     LlamaConfig,
     LmExample,
@@ -23,6 +24,7 @@ from ponente.models import (
     blockwise_cross_entropy_loss,
     compute_next_token_loss,
 )
+from ponente.models.lm import FUSED_LOSS_BLOCK_SIZE, FUSED_LOSS_MIN_VOCAB, cross_entropy_block_size
 from ponente.namedtensor import NamedArray
 from ponente.namedtensor.nn import Embedding
 
@@ -288,3 +290,61 @@ def test_zoo_blockwise_loss_equals_full(config: Any) -> None:
 
     full, block = both(model)
     np.testing.assert_allclose(float(block.scalar()), float(full.scalar()), rtol=1e-5)
+
+
+def _toy_lm(V: hax.Axis) -> _ToyLm:
+    E, KVH, Grp, Hd = hax.make_axes(embed=8, kv_heads=2, q_heads_per_group=2, head_size=4)
+    keys = jax.random.split(jax.random.key(0), 3)
+    attn = Attention.init(E, KVH, Grp, Hd, use_bias=False, rotary=None, key=keys[1], backend="reference")
+    head = hax.random.normal(keys[2], (E, V))
+    return _ToyLm(config=None, embed=Embedding.init(V, E, key=keys[0]), attn=attn, head=head)
+
+
+def _has_logits(model: LmHeadModel, ex: LmExample) -> bool:
+    """Whether the default loss's gradient program holds a (tokens, vocab)-sized array."""
+    jaxpr = str(jax.make_jaxpr(lambda m: eqx.filter_grad(lambda m: compute_next_token_loss(m, ex).scalar())(m))(model))
+    shapes = [tuple(int(x) for x in d.split(",")) for d in re.findall(r"\[(\d+(?:,\d+)*)\]", jaxpr)]
+    positions = ex.tokens.resolve_axis("position").size
+    return any(model.Vocab.size in s and positions in s for s in shapes)
+
+
+def test_default_loss_switches_to_blockwise_at_the_vocabulary_threshold() -> None:
+    ex = LmExample.causal(hax.named(_tokens(2, 9), ("batch", "position")))
+    below = _toy_lm(hax.Axis("vocab", FUSED_LOSS_MIN_VOCAB - 1))
+    at = _toy_lm(hax.Axis("vocab", FUSED_LOSS_MIN_VOCAB))
+    assert (cross_entropy_block_size(below), cross_entropy_block_size(at)) == (None, FUSED_LOSS_BLOCK_SIZE)
+    assert (cross_entropy_block_size(at, None), cross_entropy_block_size(below, 16)) == (None, 16)
+    assert _has_logits(below, ex)  # the check can fail
+    assert not _has_logits(at, ex)
+    with pytest.raises(ValueError, match="'fused'"):
+        cross_entropy_block_size(at, "fused")
+
+
+def test_default_fused_loss_equals_plain_loss() -> None:
+    model = _toy_lm(hax.Axis("vocab", FUSED_LOSS_MIN_VOCAB))
+    ex = LmExample.causal(hax.named(_tokens(2, 9), ("batch", "position")), eos_id=3)
+
+    def loss(m: _ToyLm, block_size: int | str | None) -> jax.Array:
+        return compute_next_token_loss(m, ex, logsumexp_weight=1e-2, block_size=block_size).scalar()
+
+    plain, g_plain = eqx.filter_jit(eqx.filter_value_and_grad(loss))(model, None)
+    fused, g_fused = eqx.filter_jit(eqx.filter_value_and_grad(loss))(model, "auto")
+    np.testing.assert_allclose(float(fused), float(plain), rtol=1e-5)
+    leaves_plain, leaves_fused = jax.tree_util.tree_leaves(g_plain), jax.tree_util.tree_leaves(g_fused)
+    assert len(leaves_plain) == len(leaves_fused) > 0
+    for a, b in zip(leaves_fused, leaves_plain, strict=True):
+        # head gradients are ~1/vocab: compare relative to the largest entry of each gradient
+        scale = float(np.abs(np.asarray(b)).max())
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_final_soft_cap_keeps_the_plain_loss() -> None:
+    base: dict[str, Any] = {**TINY, "num_heads": 2, "num_kv_heads": 1, "num_layers": 2}
+    V = hax.Axis("vocab", FUSED_LOSS_MIN_VOCAB)
+    ex = LmExample.causal(hax.named(_tokens(1, 8)[0], "position"))
+    capped = Gemma2Config(**base).build(V, key=jax.random.key(0))
+    assert capped.blockwise_loss_support() is not None
+    assert cross_entropy_block_size(capped) is None
+    assert np.isfinite(float(compute_next_token_loss(capped, ex).scalar()))  # "auto" does not raise
+    uncapped = Gemma2Config(**base, final_logit_softcapping=None).build(V, key=jax.random.key(0))
+    assert cross_entropy_block_size(uncapped) == FUSED_LOSS_BLOCK_SIZE

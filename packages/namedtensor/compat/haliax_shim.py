@@ -20,18 +20,22 @@ TARGET = "ponente.namedtensor"
 
 # Haliax module -> Ponente module, where the names differ (private implementation modules, mostly).
 RENAMED: dict[str, str] = {
-    "haliax._src": TARGET,
     "haliax._src.parsing": f"{TARGET}._parsing",
     "haliax._src.rearrange": f"{TARGET}.rearrange",
     "haliax._src.einsum": f"{TARGET}.einsum",
     "haliax._src.dot": f"{TARGET}.dot",
     "haliax._src.state_dict": f"{TARGET}.state_dict",
     "haliax._src.scan": f"{TARGET}.nn.scan",
-    "haliax._src.fp8": f"{TARGET}.quantization",
+    "haliax._src.fp8": f"{TARGET}.dot_general",
     "haliax._src.util": f"{TARGET}.util",
     "haliax._src.compile_utils": f"{TARGET}.jax_utils",
     "haliax.tree": f"{TARGET}.tree_util",
 }
+
+# Haliax packages that only hold (renamed) submodules. They become empty packages: were one an alias of a
+# Ponente package, importing a submodule would set it as an attribute of that package (``haliax._src.einsum``
+# would replace the function ``ponente.namedtensor.einsum`` with the module).
+EMPTY_PACKAGES: frozenset[str] = frozenset({"haliax._src"})
 
 
 def target_of(name: str) -> str:
@@ -52,6 +56,14 @@ class _Alias(importlib.abc.Loader):
         pass  # the Ponente module is already executed
 
 
+class _EmptyPackage(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # the default: a fresh, empty module
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
 class HaliaxFinder(importlib.abc.MetaPathFinder):
     """Finds ``haliax`` and ``haliax.*`` by loading the Ponente module they map to."""
 
@@ -60,6 +72,8 @@ class HaliaxFinder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != PREFIX and not fullname.startswith(PREFIX + "."):
             return None
+        if fullname in EMPTY_PACKAGES:
+            return importlib.util.spec_from_loader(fullname, _EmptyPackage(), is_package=True)
         mapped = target_of(fullname)
         try:
             found = importlib.util.find_spec(mapped)

@@ -11,6 +11,7 @@ from named_strategies import axes_st
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis
+from ponente.namedtensor.axis import rearrange_for_partial_order
 
 
 def test_axis_is_frozen_value_with_alias_and_resize():
@@ -110,3 +111,46 @@ def test_dslice_dblock():
     assert hax.dslice.block(1, 5).to_slice() == slice(5, 10)
     with pytest.raises(TypeError):
         jax.jit(lambda i: hax.dslice(i, 2).to_slice())(jnp.int32(1))
+
+
+@given(st.data())
+def test_rearrange_for_partial_order_respects_the_order(data):
+    names = data.draw(st.permutations(["a", "b", "c", "d", "e"]))[: data.draw(st.integers(0, 5))]
+    listed = data.draw(st.permutations(names))[: data.draw(st.integers(0, len(names)))]
+    order: list = list(listed)
+    for _ in range(data.draw(st.integers(0 if len(listed) == len(names) else 1, 3))):
+        order.insert(data.draw(st.integers(0, len(order))), ...)
+    out = rearrange_for_partial_order(tuple(order), tuple(names))
+    assert sorted(out) == sorted(names)
+    assert [n for n in out if n in listed] == list(listed)
+    assert [n for n in out if n not in listed] == [n for n in names if n not in listed]
+    if order.count(...) == 1:
+        at = order.index(...)
+        assert list(out) == order[:at] + [n for n in names if n not in listed] + order[at + 1 :]
+
+
+def test_rearrange_for_partial_order_places_unlisted_axes_after_their_predecessor():
+    # 'b' follows 'a' in the input, so it goes to the first '...' after 'a'; 'x' precedes both
+    assert rearrange_for_partial_order((..., "a", ..., "c", ...), ("x", "a", "b", "c", "d")) == (
+        "x",
+        "a",
+        "b",
+        "c",
+        "d",
+    )
+    A, B = Axis("a", 2), Axis("b", 3)
+    assert rearrange_for_partial_order(("b", ...), (A, B)) == (B, A)
+    assert rearrange_for_partial_order((B, A), (A, B)) == (B, A)
+
+
+def test_rearrange_for_partial_order_errors():
+    with pytest.raises(ValueError, match="listed more than once"):
+        rearrange_for_partial_order(("a", "a", ...), ("a", "b"))
+    with pytest.raises(ValueError, match="'z' of the partial order"):
+        rearrange_for_partial_order(("z", ...), ("a", "b"))
+    with pytest.raises(ValueError, match="appears more than once"):
+        rearrange_for_partial_order(("a", ...), ("a", "a"))
+    with pytest.raises(ValueError, match=r"\('b',\) are not in the partial order"):
+        rearrange_for_partial_order(("a",), ("a", "b"))
+    with pytest.raises(ValueError, match="size"):
+        rearrange_for_partial_order((Axis("a", 3), ...), (Axis("a", 2),))

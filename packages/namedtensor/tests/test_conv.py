@@ -73,14 +73,14 @@ def test_conv_same_padding_and_no_batch():
 
 
 def _np_conv_transpose(x, w, stride, pads, dil, out_pad):
-    """Scatter definition: out[o, i*s + k*d - lo] += x[c, i] * w[o, c, k] (1-D, groups=1)."""
+    """Scatter definition: out[o, i*s + (K-1-k)*d - lo] += x[c, i] * w[o, c, k] (1-D, groups=1, unflipped kernel)."""
     b, _c, n = x.shape
     o, _, k = w.shape
     size = (n - 1) * stride - pads[0] - pads[1] + dil * (k - 1) + 1 + out_pad
     out = np.zeros((b, o, size))
     for i in range(n):
         for kk in range(k):
-            t = i * stride + kk * dil - pads[0]
+            t = i * stride + (k - 1 - kk) * dil - pads[0]
             if 0 <= t < size:
                 out[:, :, t] += x[:, :, i] @ w[:, :, kk].T
     return out
@@ -103,12 +103,12 @@ def test_conv_transpose_matches_scatter(stride, padding, dilation, out_pad):
 
 def test_conv_transpose_is_the_adjoint_of_conv():
     conv = nn.Conv.init("t", C, D, 3, stride=2, padding=1, use_bias=False, key=jax.random.key(3))
-    # the transposed layer maps D -> C and shares the weight (Out=D rows, In=C columns) transposed
+    # the transposed layer maps D -> C and shares the weight (Out=D rows, In=C columns) transposed and flipped
     up = nn.ConvTranspose.init(
         "t", D, C, 3, stride=2, padding=1, output_padding=1, use_bias=False, key=jax.random.key(4)
     )
     up = nn.ConvTranspose(
-        hax.named(np.asarray(conv.weight.array).transpose(1, 0, 2), ("c", "d", "t")),
+        hax.named(np.asarray(conv.weight.array).transpose(1, 0, 2)[..., ::-1], ("c", "d", "t")),
         None,
         up.Spatial,
         up.In,

@@ -56,8 +56,20 @@ def test_scalar_item_and_conversion():
     assert float(s) == 3.0
     with pytest.raises(ValueError, match="axes"):
         hax.zeros((A,)).scalar()
-    with pytest.raises(TypeError, match=r"\.array"):
+    # no implicit conversion (no __jax_array__, as in Haliax): positional code must ask for `.array`
+    with pytest.raises((TypeError, ValueError)):
         jnp.asarray(hax.zeros((A,)))
+
+
+def test_axisless_named_array_with_a_positional_array_is_positional():
+    carry = jnp.arange(4.0)
+    s = hax.named(jnp.array(2.0), ())
+    for out in (carry + s, s + carry, carry * s):
+        assert isinstance(out, jax.Array)
+    np.testing.assert_array_equal(carry + s, np.arange(4.0) + 2.0)
+    np.testing.assert_array_equal(s - carry, 2.0 - np.arange(4.0))
+    with pytest.raises(TypeError, match="positional array of shape"):
+        hax.zeros((A,)) + jnp.ones(5)
 
 
 def test_pytree_has_array_as_only_child():

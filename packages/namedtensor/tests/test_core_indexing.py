@@ -101,12 +101,17 @@ def test_named_array_indices_and_take():
     assert t.axes == (A, B, Axis("k", 2))
     np.testing.assert_array_equal(t.array, xa[:, :, [3, 0]])
     assert hax.take(x, "a", 1).axes == (B, C)
-    # batched gather: the index shares axis "a" with the array
+    # batched gather: the index shares axis "a" with the array, which is matched element-wise; "a" and "c" are
+    # not adjacent, so (NumPy's rule) the index axes come first
     per_a = hax.named(jnp.array([[0, 3], [1, 2]]), ("a", "k"))
     g = x["c", per_a]
-    assert g.axes == (A, B, Axis("k", 2))
-    ref = np.stack([xa[i][:, np.asarray(per_a.array)[i]] for i in range(2)])
+    assert g.axes == (A, Axis("k", 2), B)
+    ref = np.stack([xa[i][:, np.asarray(per_a.array)[i]].T for i in range(2)])
     np.testing.assert_array_equal(g.array, ref)
+    # take puts the index's new axes first in a batched gather (Haliax's layout)
+    t = hax.take(x, "c", per_a)
+    assert t.axes == (Axis("k", 2), A, B)
+    np.testing.assert_array_equal(t.array, np.transpose(ref, (1, 0, 2)))
     # two named indices broadcast together and replace both axes
     ia = hax.named(jnp.array([0, 1, 1]), "k")
     ic = hax.named(jnp.array([3, 2, 0]), "k")
@@ -163,3 +168,98 @@ def test_traced_int_index_and_at_under_jit():
     ref = xa.copy()
     ref[:, 1:3] += 100
     np.testing.assert_array_equal(added, ref)
+
+
+def test_advanced_index_placement_follows_numpy():
+    x = random_named((A, B, C), 1)
+    xa = np.asarray(x.array)
+    i_a = hax.named(jnp.array([1, 0, 1]), "k")
+    i_c = hax.named(jnp.array([3, 3, 0]), "k")
+    # adjacent advanced indices (an int next to an index array) stay in place
+    out = x["b", 2, "c", i_c]
+    assert out.axes == (A, Axis("k", 3))
+    np.testing.assert_array_equal(out.array, xa[:, 2, [3, 3, 0]])
+    # separated ones go first, as in NumPy
+    out = x["a", i_a, "c", i_c]
+    assert out.axes == (Axis("k", 3), B)
+    np.testing.assert_array_equal(out.array, xa[[1, 0, 1], :, [3, 3, 0]])
+    # dslices are gathers too: two separated ones move to the front (the larger index's axes last)
+    out = x["a", hax.ds(0, 2), "c", hax.ds(1, 3)]
+    assert out.axes == (A, Axis("c", 3), B)
+    np.testing.assert_array_equal(out.array, xa[np.arange(2)[:, None], :, np.arange(1, 4)[None, :]])
+
+
+def test_plain_1d_array_index_keeps_the_axis_name():
+    x = random_named((A, C), 2)
+    idx = jnp.array([3, 1, 1])
+    out = jax.jit(lambda i: x["c", i])(idx)
+    assert out.axes == (A, Axis("c", 3))
+    np.testing.assert_array_equal(out.array, np.asarray(x.array)[:, [3, 1, 1]])
+    with pytest.raises(TypeError, match="unsupported index"):
+        x["c", jnp.zeros((2, 2), jnp.int32)]
+
+
+@pytest.mark.parametrize("start", [-2, 0, 1, 3, 5])
+def test_dslice_out_of_bounds_reads_zeros_and_drops_writes(start):
+    x = hax.arange((A, C)) + 1
+    xa = np.asarray(x.array)
+    positions = np.arange(start, start + 3)
+    inside = (positions >= 0) & (positions < C.size)
+    ref = np.zeros((2, 3), xa.dtype)
+    ref[:, inside] = xa[:, positions[inside]]
+    read = jax.jit(lambda s: x["c", hax.ds(s, 3)].array)(start)
+    np.testing.assert_array_equal(read, ref)
+    np.testing.assert_array_equal(x["c", hax.ds(start, 3)].array, ref)
+    np.testing.assert_array_equal(x.at["c", hax.ds(start, 3)].get().array, ref)
+    upd = hax.named(jnp.array([[10, 20, 30], [40, 50, 60]]), (A, Axis("c", 3)))
+    written = jax.jit(lambda s: x.at["c", hax.ds(s, 3)].set(upd).array)(start)
+    ref_w = xa.copy()
+    ref_w[:, positions[inside]] = np.asarray(upd.array)[:, inside]
+    np.testing.assert_array_equal(written, ref_w)
+    # a dslice longer than the axis pads with zeros
+    long = x["c", hax.ds(start, 6)].array
+    pos6 = np.arange(start, start + 6)
+    ok6 = (pos6 >= 0) & (pos6 < C.size)
+    ref6 = np.zeros((2, 6), xa.dtype)
+    ref6[:, ok6] = xa[:, pos6[ok6]]
+    np.testing.assert_array_equal(long, ref6)
+
+
+def test_dslice_length_may_be_an_axis():
+    x = hax.arange((C,))
+    np.testing.assert_array_equal(x["c", hax.dslice(1, Axis("w", 2))].array, [1, 2])
+
+
+def test_ragged_updated_slice_matches_a_loop():
+    cache = hax.zeros((A, C), dtype=jnp.int32)
+    starts = hax.named(jnp.array([2, 0]), "a")
+    upd = hax.named(jnp.array([[1, 2], [3, 4]]), (A, Axis("c", 2)))
+    out = jax.jit(hax.updated_slice)(cache, {"c": starts}, upd)
+    ref = np.zeros((2, 4), np.int32)
+    for b, s in enumerate([2, 0]):
+        ref[b, s : s + 2] = np.asarray(upd.array)[b]
+    np.testing.assert_array_equal(out.array, ref)
+    # an update without the mapped axis is written at every start
+    out = hax.updated_slice(cache, {"c": starts}, hax.named(jnp.array([7]), Axis("c", 1)))
+    ref = np.zeros((2, 4), np.int32)
+    ref[0, 2] = ref[1, 0] = 7
+    np.testing.assert_array_equal(out.array, ref)
+    with pytest.raises(ValueError, match="not in the original array"):
+        hax.updated_slice(cache, {"c": starts}, hax.named(jnp.ones((2, 2), jnp.int32), (A, Axis("new", 2))))
+    with pytest.raises(ValueError, match="not in the array's axes"):
+        hax.updated_slice(cache, {"c": hax.named(jnp.array([0, 1, 2]), "z")}, hax.zeros(Axis("c", 1), jnp.int32))
+
+
+def test_updated_slice_static_overflow_is_an_error():
+    x = hax.zeros((C,), dtype=jnp.int32)
+    with pytest.raises(ValueError, match="do not fit"):
+        hax.updated_slice(x, {"c": 2}, hax.zeros(Axis("c", 3), jnp.int32))
+
+
+def test_roll_takes_a_scalar_named_shift_only():
+    x = hax.arange((A, C))
+    np.testing.assert_array_equal(
+        hax.roll(x, hax.named(jnp.array(1), ()), "c").array, np.roll(np.arange(8).reshape(2, 4), 1, axis=1)
+    )
+    with pytest.raises(TypeError, match="no axes"):
+        hax.roll(x, hax.arange((A,)), "c")

@@ -63,3 +63,20 @@ def test_nonzero_and_where_one_arg():
     jitted = jax.jit(lambda x: hax.nonzero(x, size=3)[1].array)(x)
     np.testing.assert_array_equal(jitted, rb)
     assert jnp.issubdtype(jitted.dtype, jnp.integer)
+
+
+def test_unique_shortcuts_along_an_axis():
+    rows = hax.named(jnp.array([[1, 2], [3, 4], [1, 2], [0, 9]]), ("row", "col"))
+    U = hax.Axis("u", 3)
+    values, first, inverse, counts = hax.unique_all(rows, U, axis="row")
+    ref_values, ref_first, ref_inverse, ref_counts = np.unique(
+        np.asarray(rows.array), axis=0, return_index=True, return_inverse=True, return_counts=True
+    )
+    assert values.axes == (U, hax.Axis("col", 2))
+    np.testing.assert_array_equal(values.array, ref_values)
+    np.testing.assert_array_equal(first.array, ref_first)
+    np.testing.assert_array_equal(inverse.array, ref_inverse.reshape(-1))
+    np.testing.assert_array_equal(counts.array, ref_counts)
+    np.testing.assert_array_equal(hax.unique_values(rows, U, axis="row").array, ref_values)
+    np.testing.assert_array_equal(hax.unique_counts(rows, U, axis="row")[1].array, ref_counts)
+    np.testing.assert_array_equal(hax.unique_inverse(rows, U, axis="row")[1].array, ref_inverse.reshape(-1))

@@ -132,3 +132,65 @@ def test_jit_accepts_modules_and_static_values():
     assert calls == ["first", "second"]
     donated = hax.jit(donate="none")(lambda x: x + 1)
     np.testing.assert_allclose(donated(x).array, np.asarray(x.array) + 1)
+
+
+def test_is_scanned_chooses_which_arrays_are_sliced():
+    xs = _rand((T, E))
+    table = jnp.arange(5.0 * 2).reshape(5, 2)  # a plain array with the scanned length, but kept whole
+
+    def step(c, x_t, table):
+        return c + x_t.array.sum() + table.sum(), table.shape
+
+    total, shapes = hax.scan(step, T, is_scanned=hax.is_named_array)(0.0, xs, table)
+    np.testing.assert_allclose(total, np.asarray(xs.array).sum() + 5 * np.asarray(table).sum(), rtol=1e-5)
+    assert shapes == (5, 2)
+    sliced = hax.map(lambda row: row.sum(), T, is_mapped=True)(table)
+    np.testing.assert_allclose(sliced, np.asarray(table).sum(1))
+    total = hax.fold(lambda c, x_t, table: c + table.sum(), T, is_scanned=False)(0.0, xs, table)
+    np.testing.assert_allclose(total, 5 * np.asarray(table).sum(), rtol=1e-5)
+
+
+def test_scan_length_errors_name_the_argument_and_field():
+    class Weights(eqx.Module):
+        w: jax.Array
+
+    def step(c, x_t, layer, *extra):
+        return c, None
+
+    good = jnp.zeros((T.size, 2))
+    with pytest.raises(ValueError) as e:
+        hax.scan(step, T)(0.0, good, Weights(jnp.zeros((T.size - 1, 2))), good, jnp.zeros((2, 2)))
+    assert "layer.w has leading dimension 4" in str(e.value)
+    assert "extra[1] has leading dimension 2" in str(e.value)
+    assert "x_t" not in str(e.value)
+    with pytest.raises(ValueError, match=r"\['k'\] has leading dimension 1"):
+        hax.fold(lambda c, d: c, T)(0.0, d={"k": jnp.zeros(1)})
+
+
+def test_scan_step_must_return_a_pair():
+    with pytest.raises(ValueError, match="pair"):
+        hax.scan(lambda c, x_t: c + x_t, T)(hax.zeros(E), _rand((T, E)))
+
+
+@pytest.mark.parametrize("remat", [True, "nested", hax.ScanCheckpointPolicy(nested=5), ["h"], "dots_saveable"])
+def test_remat_policies_keep_values_and_gradients(remat):
+    xs = _rand((T, E))
+
+    def loss(w, **options):
+        def step(c, x_t):
+            h = hax.tree_checkpoint_name(jnp.tanh(c * w + x_t.array), "h")
+            return h, h.sum()
+
+        carry, ys = hax.scan(step, T, **options)(jnp.zeros(4), xs)
+        return carry.sum() + ys.sum()
+
+    # the reference: a plain Python loop
+    def loop(w):
+        c, total = jnp.zeros(4), 0.0
+        for t in range(T.size):
+            c = jnp.tanh(c * w + xs.array[t])
+            total = total + c.sum()
+        return c.sum() + total
+
+    np.testing.assert_allclose(loss(0.3, remat=remat), loop(0.3), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(loss)(0.3, remat=remat), jax.grad(loop)(0.3), rtol=1e-5)

@@ -1,11 +1,18 @@
-"""Tests for ``named_call``, ``maybe_rng_split``, ``shaped_rng_split`` and ``is_in_jit``."""
+"""Tests for ``named_call``, ``maybe_rng_split``, ``shaped_rng_split``, ``is_in_jit`` and ``tree_checkpoint_name``."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ponente.namedtensor.jax_utils import is_in_jit, maybe_rng_split, named_call, shaped_rng_split
+import ponente.namedtensor as hax
+from ponente.namedtensor.jax_utils import (
+    is_in_jit,
+    maybe_rng_split,
+    named_call,
+    shaped_rng_split,
+    tree_checkpoint_name,
+)
 
 
 def test_named_call_forms_and_scope_in_hlo():
@@ -46,3 +53,15 @@ def test_is_in_jit():
     jax.lax.scan(lambda c, x: (seen.append(is_in_jit()) or c, None), 0.0, jnp.ones(2))
     jax.grad(lambda x: seen.append(is_in_jit()) or x**2)(1.0)
     assert seen == [True, False]
+
+
+def test_tree_checkpoint_name_tags_every_array_and_keeps_values():
+    tree = {"h": hax.arange(hax.Axis("embed", 3), dtype=float), "raw": jnp.ones(2), "n": 7}
+    arrays = {k: v for k, v in tree.items() if k != "n"}
+    jaxpr = jax.make_jaxpr(lambda t: tree_checkpoint_name({**t, "n": 7}, "h"))(arrays)
+    names = [eqn.params["name"] for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "name"]
+    assert names == ["h", "h"]  # the NamedArray's array and the plain array; the int is not tagged
+    out = tree_checkpoint_name(tree, "h")
+    np.testing.assert_array_equal(out["h"].array, [0.0, 1.0, 2.0])
+    assert out["h"].axes == tree["h"].axes
+    assert out["n"] == 7

@@ -71,6 +71,14 @@ def test_one_hot_against_eye():
     assert out.axis_names == ("b", "pos", "vocab")
     np.testing.assert_array_equal(out.array, np.eye(4)[labels])
     np.testing.assert_array_equal(nn.one_hot(2, Axis("c", 3)).array, [0, 0, 1])
+    # a single label indexes like Python (negative from the end); NamedArray labels out of range give zeros
+    for label in (-3, -1, np.int32(-2), np.array(1)):
+        np.testing.assert_array_equal(nn.one_hot(label, Axis("c", 3)).array, np.eye(3)[int(label)])
+    np.testing.assert_array_equal(nn.one_hot(hax.named(np.array([-1, 3]), "b"), Axis("c", 3)).array, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="label 3 is out of range"):
+        nn.one_hot(3, Axis("c", 3))
+    with pytest.raises(TypeError, match="integer scalar"):
+        nn.one_hot(np.array([0, 1]), Axis("c", 3))
     with pytest.raises(ValueError, match="'b'"):
         nn.one_hot(hax.named(labels, ("b", "pos")), Axis("b", 4))
 

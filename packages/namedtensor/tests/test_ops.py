@@ -57,6 +57,10 @@ def test_tril_triu_trace(axes, data, k):
     others = [n for n in names if n not in (r.name, c.name)]
     order = [*others, r.name, c.name]
     xa = to_numpy(x, order)
+    # the result's layout is the other axes, then the row axis, then the column axis (as in Haliax)
+    lower = hax.tril(x, r, c, k)
+    assert lower.axis_names == tuple(order)
+    np.testing.assert_array_equal(lower.array, np.tril(xa, k))
     np.testing.assert_array_equal(to_numpy(hax.tril(x, r, c, k), order), np.tril(xa, k))
     np.testing.assert_array_equal(to_numpy(hax.triu(x, r.name, c.name, k), order), np.triu(xa, k))
     t = hax.trace(x, r, c, offset=k)
@@ -71,3 +75,37 @@ def test_pad():
     np.testing.assert_array_equal(p.array, np.pad(np.asarray(x.array), ((1, 1), (1, 2)), constant_values=9.0))
     e = hax.pad(x, {"b": (0, 2)}, mode="edge")
     np.testing.assert_array_equal(e.array, np.pad(np.asarray(x.array), ((0, 0), (0, 2)), mode="edge"))
+
+
+def test_array_equiv_broadcasts_by_name():
+    x = hax.ones((A, B))
+    assert hax.array_equiv(x, hax.ones(()))
+    assert hax.array_equiv(x, hax.ones((B,)))
+    assert hax.array_equiv(x.rearrange((B, A)), x)
+    assert not hax.array_equiv(x, hax.ones((C,)))
+    assert not hax.array_equiv(x, hax.ones((Axis("b", 2),)))
+    y = x.at["a", 1].set(2.0)
+    assert not hax.array_equiv(y, hax.ones((B,)))
+    assert hax.array_equiv(y["a", 1], hax.full((B,), 2.0))
+
+
+def test_packbits_unpackbits_match_numpy():
+    bits = random_named((A, Axis("b", 11)), 3, np.uint8, 0, 2)
+    packed = hax.packbits(bits, "b")
+    assert packed.axes == (A, Axis("b", 2))
+    np.testing.assert_array_equal(packed.array, np.packbits(np.asarray(bits.array), axis=1))
+    little = hax.packbits(bits, "b", bitorder="little")
+    np.testing.assert_array_equal(little.array, np.packbits(np.asarray(bits.array), axis=1, bitorder="little"))
+    back = hax.unpackbits(packed, "b", count=11)
+    assert back.axes == bits.axes
+    np.testing.assert_array_equal(back.array, bits.array)
+    assert hax.unpackbits(packed, "b").axes == (A, Axis("b", 16))
+
+
+def test_pad_left():
+    x = random_named((A, B), 1)
+    out = hax.pad_left(x, B, Axis("b", 5), value=-1.0)
+    assert out.axes == (A, Axis("b", 5))
+    np.testing.assert_array_equal(out.array, np.pad(np.asarray(x.array), ((0, 0), (2, 0)), constant_values=-1.0))
+    with pytest.raises(ValueError, match="smaller"):
+        hax.pad_left(x, B, Axis("b", 2))

@@ -90,7 +90,8 @@ def test_pspecs():
         P.pspec_for_axis((Embed, Mlp), {"embed": "model", "mlp": "model"})
     tree = {"w": hax.zeros((Embed, Mlp)), "plain": jnp.zeros(3), "n": 3, "none": None}
     specs = P.pspec_for(tree, {"mlp": "model"})
-    assert specs == {"w": PartitionSpec(None, "model"), "plain": PartitionSpec(), "n": None, "none": None}
+    assert specs == {"w": PartitionSpec(None, "model"), "plain": PartitionSpec(None), "n": None, "none": None}
+    assert P.pspec_for(jnp.zeros(()), {}) == PartitionSpec()
 
 
 def test_infer_resource_partitions(mesh):
@@ -274,3 +275,51 @@ def test_fsdp_uses_parameter_mapping_outside_and_compute_mapping_inside(mesh):
     decorated = P.fsdp(parameter_mapping={"embed": "data"}, compute_mapping={"batch": "data"})(step)
     out = decorated(_model(), hax.ones((Batch, Embed)))
     np.testing.assert_allclose(out.array, np.ones((4, 6)) @ np.asarray(_model().w.array) * 2.0, rtol=1e-6)
+
+
+class Annotated(eqx.Module):
+    table: jax.Array = hax.field(axis_names=("embed", "mlp"))
+    bias: jax.Array
+
+
+class Outer(eqx.Module):
+    inner: Annotated
+    extra: list
+
+
+def test_declared_axis_names_of_plain_array_fields_are_partitioned(mesh):
+    mod = Outer(Annotated(jnp.zeros((Embed.size, Mlp.size)), jnp.zeros(Mlp.size)), [jnp.zeros(2), "tag"])
+    mapping = {"embed": "data", "mlp": "model"}
+    specs = P.pspec_for(mod, mapping, preserve_existing_shardings=False)
+    assert specs.inner.table == PartitionSpec("data", "model")
+    assert specs.inner.bias == PartitionSpec(None)
+    assert specs.extra == [PartitionSpec(None), None]
+    shardings = P.infer_resource_partitions(mod, mapping)
+    assert shardings.inner.table == NamedSharding(mesh, PartitionSpec("data", "model"))
+    placed = P.shard(mod, {"embed": "data"})
+    assert placed.inner.table.sharding.spec == PartitionSpec("data", None)
+    assert placed.extra[1] == "tag"
+    with pytest.raises(ValueError, match=r"Annotated.table: field\(axis_names=\('embed', 'mlp'\)\) names 2 axes"):
+        P.pspec_for(Annotated(jnp.zeros(3), jnp.zeros(3)), mapping)
+
+
+def test_named_jit_inputs_keep_their_shardings_without_in_axis_resources(mesh):
+    jaxpr = str(jax.make_jaxpr(P.named_jit(lambda x: x + 1, {"embed": "data"}))(hax.ones((Batch, Embed))))
+    # the only constraint is the output's: without in_axis_resources the input is not constrained
+    assert jaxpr.count("sharding_constraint") == 1
+
+
+def test_shard_over_explicit_mesh_axes_reshards():
+    mesh = P.make_mesh({"data": -1, "model": 1}, axis_types=jax.sharding.AxisType.Explicit)
+    with P.set_mesh(mesh):
+
+        def make(x):
+            return x, hax.zeros(Mlp)  # created inside: replicated until resharded
+
+        x, y = P.named_jit(make, {"mlp": "model", "embed": "data"})(hax.ones((Batch, Embed)))
+        jaxpr = str(jax.make_jaxpr(lambda a: P.shard(a, {"embed": "data"}))(hax.ones(Embed)))
+    assert "reshard" in jaxpr
+    assert "sharding_constraint" not in jaxpr  # with_sharding_constraint would only assert over Explicit axes
+    assert y.array.sharding.spec == PartitionSpec("model")
+    assert x.array.sharding.spec == PartitionSpec(None, "data")
+    np.testing.assert_array_equal(y.array, np.zeros(Mlp.size))

@@ -65,6 +65,19 @@ def test_mean_pool_loop(include_pad, ceil):
     np.testing.assert_allclose(out.array, ref, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.bool_])
+@pytest.mark.parametrize("ceil", [False, True])
+def test_max_min_pool_of_integers_and_booleans_ignore_the_padding(dtype, ceil):
+    raw = np.random.default_rng(2).integers(0, 2 if dtype is np.bool_ else 50, size=(2, 7)).astype(dtype)
+    x = hax.named(raw, ("b", "t"))
+    for pool, (fn, _) in ((nn.max_pool, MAX), (nn.min_pool, MIN)):
+        out = pool(Axis("t", 3), x, stride=2, padding=1, use_ceil=ceil)
+        assert out.dtype == dtype
+        # the loop only reduces real elements, so no fill value is ever used
+        ref = _np_pool(raw.astype(np.float64), (3,), (2,), [(1, 1)], fn, None, ceil)
+        np.testing.assert_array_equal(out.array, ref.astype(dtype))
+
+
 def test_same_padding_and_axis_order():
     raw = np.random.default_rng(1).standard_normal((5, 2)).astype(np.float32)
     out = nn.max_pool({"t": 2}, hax.named(raw, ("t", "b")), padding="SAME")

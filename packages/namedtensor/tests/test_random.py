@@ -111,10 +111,16 @@ def test_categorical_choice_permutation_dirichlet_bitwise():
     logits = NamedArray(jax.random.normal(jax.random.key(1), (4, 3)), (E, B))
     ours = hax.random.categorical(KEY, logits, "embed")
     assert ours.axes == (B,)
-    np.testing.assert_array_equal(ours.array, jax.random.categorical(KEY, logits.array.T, axis=-1, shape=(3,)))
+    # the logits keep their layout (category axis first), as in Haliax
+    np.testing.assert_array_equal(ours.array, jax.random.categorical(KEY, logits.array, axis=0, shape=(3,)))
     S = Axis("sample", 2)
     ours = hax.random.categorical(KEY, logits, E, shape=(S, B))
-    np.testing.assert_array_equal(ours.array, jax.random.categorical(KEY, logits.array.T[None], axis=-1, shape=(2, 3)))
+    wide = jnp.broadcast_to(logits.array, (2, 4, 3))
+    np.testing.assert_array_equal(ours.array, jax.random.categorical(KEY, wide, axis=1, shape=(2, 3)))
+    # a shape in another order than the logits' axes: arranged as shape + (category,)
+    ours = hax.random.categorical(KEY, NamedArray(jnp.zeros((4, 3, 2)), (E, B, S)), E, shape=(S, B))
+    ref = jax.random.categorical(KEY, jnp.zeros((2, 3, 4)), axis=-1, shape=(2, 3))
+    np.testing.assert_array_equal(ours.array, ref)
 
     x = NamedArray(jnp.arange(12).reshape(3, 4), SHAPE)
     K = Axis("k", 2)

@@ -118,16 +118,16 @@ def test_einops_examples():
         ("N (C H W -> N", "unclosed '('", 2),
         ("N C H W -> N {C} H W", "'{' may only open a side", 13),
         ("N C H W -> N C H W)", "unmatched ')'", 18),
-        ("N ... -> N ... ...", "'...' may occur at most once", 15),
+        ("N ... C ... -> N C", "Only one ellipsis allowed", 8),
         ("N C H -> N C H", "the left side names 3 axes but the array has 4", 0),
-        ("N C H W -> N C H", "'W' bound on the left side do not occur on the right side", 11),
-        ("N C H W -> N C H W Q", "'Q' on the right side is not bound", 19),
-        ("N C H W -> N (C H) W", "a merged axis needs a name", 13),
+        ("N C H W -> N C H", "Not all intermediate axes are used: ('W',)", 11),
+        ("N C H W -> N C H W Q", "Axis Q is not bound on the lhs", 19),
+        ("N C H W -> N (C H) W", "All rhs axes must have a name", 13),
         ("N C (H: a b) W -> N C a b W", "cannot infer the sizes of a, b", 4),
-        ("{Q} -> ...", "axis 'Q' is not in the array", 1),
-        ("{H} -> H", "are not mentioned; add '...'", 7),
+        ("{Q} -> ...", "Could not resolve axis 'Q'", 1),
+        ("{H} -> H", "Not all intermediate axes are used: ('N', 'C', 'W')", 7),
         ("N C (a b) W -> N C a b W", "cannot be split into pieces of size 3", 4),
-        ("N N H W -> N H W", "occurs more than once", 2),
+        ("N N H W -> N H W", "Capture N is assigned more than once", 2),
     ],
 )
 def test_errors_point_at_the_character(expression, message, position):
@@ -165,3 +165,28 @@ def test_method_form_delegates_to_rearrange():
     x = _arange({"N": 2, "C": 3})
     np.testing.assert_array_equal(x.rearrange("n c -> c n").array, np.arange(6).reshape(2, 3).T)
     assert x.rearrange(("C", ...)).axes == (Axis("C", 3), Axis("N", 2))
+
+
+def test_several_ellipses_and_renames_match_numpy():
+    x = _arange({"N": 2, "C": 3, "H": 4, "W": 5})
+    raw = np.asarray(x.array)
+    # N comes first -> first '...'; C (listed) moves the current '...' past itself, so W lands in the last one
+    y = hax.rearrange(x, "n c h w -> ... h ... c ...")
+    assert [a.name for a in y.axes] == ["N", "H", "C", "W"]
+    np.testing.assert_array_equal(y.array, raw.transpose(0, 2, 1, 3))
+    y = hax.rearrange(x, "n c h w -> c ... (P: n h) ... w")
+    assert y.shape == {"C": 3, "P": 8, "W": 5}
+    np.testing.assert_array_equal(y.array, raw.transpose(1, 0, 2, 3).reshape(3, 8, 5))
+    # (name: x) renames; an identifier bound on the left names the merged axis after its axis
+    y = hax.rearrange(x, "n c h w -> (K: c) (n: n h) w")
+    assert y.shape == {"K": 3, "N": 8, "W": 5}
+    np.testing.assert_array_equal(y.array, raw.transpose(1, 0, 2, 3).reshape(3, 8, 5))
+    # on an ordered side the name of a split group is not checked against the axis (it matches by position)
+    y = hax.rearrange(x, "n c (whatever: h1 h2) w -> n c h1 h2 w", h1=2)
+    np.testing.assert_array_equal(y.array, raw.reshape(2, 3, 2, 2, 5))
+
+
+def test_keyword_forms():
+    x = _arange({"N": 2, "C": 3})
+    assert hax.rearrange(x, axes=("C", "N")).axes == (Axis("C", 3), Axis("N", 2))
+    assert hax.rearrange(x, expression="n c -> (M: c n)").shape == {"M": 6}

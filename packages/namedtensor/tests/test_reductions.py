@@ -80,3 +80,17 @@ def test_ddof_and_all_any():
     b = hax.named(np.array([[True, False], [True, True]]), ("a", "b"))
     np.testing.assert_array_equal(hax.all(b, "b").array, [False, True])
     np.testing.assert_array_equal(hax.any(b, "a").array, [True, True])
+
+
+def test_aliases_and_plain_arrays():
+    x = random_named((Axis("a", 2), Axis("b", 3)), 5)
+    xa = np.asarray(x.array)
+    np.testing.assert_allclose(hax.amax(x, "a").array, xa.max(axis=0))
+    np.testing.assert_allclose(hax.amin(x).array, xa.min())
+    np.testing.assert_allclose(hax.product(x, "b").array, xa.prod(axis=1), rtol=1e-6)
+    # unnamed arrays go straight to jax.numpy (positional axis), pytrees leaf by leaf
+    np.testing.assert_allclose(hax.sum(xa, axis=1), xa.sum(axis=1), rtol=1e-6)
+    assert bool(hax.all(xa == xa))
+    tree = hax.max({"named": x, "plain": xa})
+    np.testing.assert_allclose(tree["named"].array, xa.max())
+    np.testing.assert_allclose(tree["plain"], xa.max())

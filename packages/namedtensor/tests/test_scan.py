@@ -346,3 +346,40 @@ def test_blockseq_checkpointing_recomputes_block_internals():
     assert not [line for line in residuals(True) if "output of sin" in line or "output of cos" in line]
     named = [line for line in residuals(["y"]) if "named 'y'" in line]
     assert len(named) == Layers.size
+
+
+@pytest.mark.parametrize("unroll", [None, 1, 2, True, False])
+def test_unroll_gives_the_loop_result(unroll):
+    stacked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
+    x = hax.random.normal(jax.random.key(1), (E,))
+    ref = _reference_fold(stacked, np.asarray(x.array))
+    np.testing.assert_allclose(stacked.fold(x, unroll=unroll).array, ref, rtol=1e-5)
+    np.testing.assert_allclose(stacked.fold_via(Block.__call__, unroll=unroll)(x).array, ref, rtol=1e-5)
+    carry, ys = stacked.scan_via(Block.with_output, unroll=unroll)(x)
+    np.testing.assert_allclose(carry.array, ref, rtol=1e-5)
+    assert ys.axes == (Layers,)
+    seq = BlockSeq(tuple(stacked.unstacked()), Layers)
+    np.testing.assert_allclose(seq.fold(x, unroll=unroll).array, ref, rtol=1e-5)
+    with pytest.raises(ValueError, match="unroll"):
+        stacked.fold(x, unroll=0)
+
+
+def test_scan_with_blocks_that_return_one_value_is_an_error():
+    stacked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
+    x = hax.ones(E)
+    for stack in (stacked, BlockSeq(tuple(stacked.unstacked()), Layers)):
+        with pytest.raises(ValueError, match="pair"):
+            stack.scan(x)
+
+
+def test_stacked_runs_through_the_package_scan_and_fold(monkeypatch):
+    # Stacked looks hax.scan / hax.fold up at call time, so wrapping them (e.g. to trace or count calls) works
+    stacked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
+    calls = []
+    for name in ("scan", "fold"):
+        original = getattr(hax, name)
+        monkeypatch.setattr(hax, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    x = hax.ones(E)
+    stacked.fold(x)
+    stacked.scan_via(Block.with_output)(x)
+    assert calls == ["fold", "scan"]

@@ -43,3 +43,14 @@ def test_top_k_errors_and_searchsorted():
     np.testing.assert_array_equal(out.array, np.searchsorted([1, 3, 5, 7], [[0, 3], [6, 9]], side="right"))
     with pytest.raises(ValueError, match="one-axis"):
         hax.searchsorted(v, 1)
+
+
+def test_flattened_argsort_and_specialized_fns_top_k():
+    from ponente.namedtensor import specialized_fns
+
+    x = hax.named(jnp.array([[3, 1], [0, 2]]), ("a", "b"))
+    np.testing.assert_array_equal(hax.argsort(x, None), np.argsort(np.asarray(x.array), axis=None, stable=True))
+    np.testing.assert_array_equal(hax.cumsum(x, None), np.cumsum(np.asarray(x.array)))
+    values, indices = specialized_fns.top_k(x, "a", 1)
+    np.testing.assert_array_equal(values.array, [[3, 2]])
+    np.testing.assert_array_equal(indices.array, [[0, 1]])

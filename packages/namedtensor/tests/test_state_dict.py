@@ -14,7 +14,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import BlockSeq, Linear, Stacked
 from ponente.namedtensor.state_dict import (
     ModuleWithStateDictSerialization,
-    flatten_linear_layers,
+    flatten_modules_for_export,
     from_state_dict,
     from_torch_compatible_state_dict,
     load_state_dict,
@@ -22,7 +22,7 @@ from ponente.namedtensor.state_dict import (
     stack_state_dict,
     to_state_dict,
     to_torch_compatible_state_dict,
-    unflatten_linear_layers,
+    unflatten_modules_from_export,
     unstack_state_dict,
     with_prefix,
 )
@@ -89,8 +89,8 @@ def _torch_reference(block: TBlock, prefix: str) -> dict[str, np.ndarray]:
         f"{prefix}.input_layernorm.weight": _np(block.ln.scale),
         f"{prefix}.0.weight": _np(m0.weight),
         f"{prefix}.0.bias": _np(m0.bias),
-        # stored (in, out): torch wants (out, in)
-        f"{prefix}.1.weight": _np(m1.weight).T,
+        # stored (in, out) (out_first=False): exported in the stored order, as Haliax does
+        f"{prefix}.1.weight": _np(m1.weight),
         f"{prefix}.1.bias": _np(m1.bias),
     }
     return ref
@@ -229,17 +229,82 @@ def test_linear_flatten_matches_numpy_and_round_trips(out_sizes, in_sizes, out_f
     outs = tuple(Axis(f"o{i}", s) for i, s in enumerate(out_sizes))
     ins = tuple(Axis(f"i{i}", s) for i, s in enumerate(in_sizes))
     lin = Linear.init(ins, outs, key=jax.random.key(0), out_first=out_first, use_bias=use_bias)
-    flat = flatten_linear_layers(lin)
+    flat = lin.flatten_for_export()
     w = _np(lin.weight)
     n_out, n_in = int(np.prod(out_sizes)), int(np.prod(in_sizes))
-    expected = w.reshape(n_out, n_in) if out_first else w.reshape(n_in, n_out).T
+    # the stored order is kept: (out, in) when out_first, else (in, out)
+    expected = w.reshape(n_out, n_in) if out_first else w.reshape(n_in, n_out)
     np.testing.assert_array_equal(_np(flat.weight), expected)
-    assert flat.weight.axis_names == ("__OUT__", "__IN__")
+    assert flat.weight.axis_names == (("__OUT__", "__IN__") if out_first else ("__IN__", "__OUT__"))
     if use_bias:
         np.testing.assert_array_equal(_np(flat.bias), _np(lin.bias).reshape(-1))
-    back = unflatten_linear_layers(lin, flat)
+    back = flat.unflatten_from_export(lin)
     assert back.weight.axes == lin.weight.axes
     np.testing.assert_array_equal(_np(back.weight), w)
     if use_bias:
         assert back.bias.axes == lin.bias.axes
         np.testing.assert_array_equal(_np(back.bias), _np(lin.bias))
+
+
+def test_stacked_multi_axis_layers_flatten_per_layer_and_come_back():
+    class Block(eqx.Module):
+        norm: hax.nn.RmsNorm
+        proj: Linear
+
+    def make(key):
+        return Block(
+            hax.nn.RmsNorm(
+                (Heads, Head), hax.random.normal(key, (Heads, Head)), hax.random.normal(key, (Heads, Head)) + 1
+            ),
+            Linear.init(Embed, (Heads, Head), key=key),
+        )
+
+    stacked = Stacked.init(Layers, make)(jax.random.split(jax.random.key(0), Layers.size))
+    flat = flatten_modules_for_export(stacked)
+    sd = to_state_dict(flat, "h")
+    for i in range(Layers.size):
+        w = _np(stacked.stacked.norm.weight)[i]  # (heads, head) -> (heads*head,)
+        np.testing.assert_array_equal(np.asarray(sd[f"h.{i}.norm.weight"]), w.reshape(-1))
+        np.testing.assert_array_equal(
+            np.asarray(sd[f"h.{i}.norm.bias"]), _np(stacked.stacked.norm.bias)[i].reshape(-1)
+        )
+        q = _np(stacked.stacked.proj.weight)[i]  # (heads, head, embed) -> (heads*head, embed)
+        np.testing.assert_array_equal(np.asarray(sd[f"h.{i}.proj.weight"]), q.reshape(-1, Embed.size))
+    back = unflatten_modules_from_export(flat, stacked)
+    assert back.stacked.norm.weight.axes == (Layers, Heads, Head)
+    assert back.stacked.proj.weight.axes == stacked.stacked.proj.weight.axes
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(stacked)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_from_torch_compatible_accepts_an_abstract_template():
+    source = Stacked.init(Layers, TBlock)(key=jax.random.split(jax.random.key(0), Layers.size))
+    template = eqx.filter_eval_shape(
+        lambda k: Stacked.init(Layers, TBlock)(key=jax.random.split(k, Layers.size)), jax.random.key(3)
+    )
+    loaded = from_torch_compatible_state_dict(template, to_torch_compatible_state_dict(source))
+    for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(source)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_stack_and_unstack_infer_the_number_of_layers():
+    per_layer = {"b.0.w": np.zeros(2), "b.1.w": np.ones(2), "b.2.w": np.full(2, 2.0), "other.0.w": np.ones(1)}
+    stacked = stack_state_dict(per_layer, "b")
+    np.testing.assert_array_equal(stacked["b.w"], np.repeat(np.arange(3.0)[:, None], 2, axis=1))
+    assert sorted(stacked) == ["b.w", "other.0.w"]
+    back = unstack_state_dict(stacked, "b")
+    assert sorted(back) == sorted(per_layer)
+    with pytest.raises(KeyError, match=r"b\.1\.w"):
+        stack_state_dict({"b.0.w": np.zeros(2), "b.2.w": np.zeros(2)}, "b")
+    with pytest.raises(ValueError, match="layers dimension"):
+        unstack_state_dict({"b.w": np.float32(1.0)}, "b")
+
+
+def test_save_skips_none_and_marks_the_format(tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "m.safetensors"
+    save_state_dict({"w": np.arange(3, dtype=np.float32), "missing": None}, path)
+    with safe_open(str(path), framework="numpy") as f:
+        assert list(f.keys()) == ["w"]
+        assert f.metadata() == {"format": "pt"}

@@ -80,3 +80,23 @@ def test_tree_map_under_jit():
     tree = {"w": _tree()["w"]}
     np.testing.assert_array_equal(f(tree)["w"].array, 2 * np.arange(6.0).reshape(3, 2))
     assert hax.tree_util is htu
+
+
+def test_scan_aware_tree_map_applies_fn_to_each_stacked_layer():
+    Layers = Axis("layers", 3)
+    w = NamedArray(jnp.arange(12.0).reshape(3, 4), (Layers, Axis("embed", 4)))
+    model = {"stack": hax.nn.Stacked({"w": w, "b": jnp.arange(3.0)}, Layers), "head": w}
+
+    def center(x):
+        return x - x.mean() if isinstance(x, NamedArray) else x * 10
+
+    out = htu.scan_aware_tree_map(center, model)
+    raw = np.arange(12.0).reshape(3, 4)
+    # inside the stack: per layer (row) means; outside: the mean of the whole array
+    np.testing.assert_allclose(out["stack"].stacked["w"].array, raw - raw.mean(axis=1, keepdims=True))
+    np.testing.assert_allclose(out["stack"].stacked["b"], np.arange(3.0) * 10)
+    np.testing.assert_allclose(out["head"].array, raw - raw.mean())
+    assert out["stack"].Block == Layers
+    # with a second tree: both are sliced per layer
+    summed = htu.scan_aware_tree_map(lambda a, b: a + b.sum() if isinstance(a, NamedArray) else a, model, model)
+    np.testing.assert_allclose(summed["stack"].stacked["w"].array, raw + raw.sum(axis=1, keepdims=True))

@@ -173,13 +173,13 @@ class FakeDevice:
 
 @pytest.mark.parametrize(("replica", "model"), [(1, 2), (2, 1), (2, 2), (1, 1)])
 def test_hybrid_mesh_puts_each_slice_on_contiguous_replica_rows(replica, model):
-    from ponente.trainer.trainer import _hybrid_device_grid
+    from ponente.trainer.trainer._mesh import hybrid_device_grid
 
     dcn = 2
     # slices interleaved in the device list: the layout must group them, not follow the list order
     devices = [FakeDevice(id=i, slice_index=(i % 2)) for i in (5, 0, 3, 6, 1, 4, 7, 2)]
     config = TrainerConfig(replica_axis_size=replica, model_axis_size=model, replica_dcn_axis_size=dcn)
-    grid = _hybrid_device_grid(config, devices)
+    grid = hybrid_device_grid(config, devices)
 
     data = len(devices) // (dcn * replica * model)
     assert grid.shape == (dcn * replica, data, model)
@@ -193,7 +193,7 @@ def test_hybrid_mesh_puts_each_slice_on_contiguous_replica_rows(replica, model):
 
 
 def test_hybrid_mesh_groups_processes_when_devices_have_no_slices():
-    from ponente.trainer.trainer import _hybrid_device_grid
+    from ponente.trainer.trainer._mesh import hybrid_device_grid
 
     @dataclasses.dataclass(frozen=True)
     class ProcessDevice:
@@ -203,11 +203,11 @@ def test_hybrid_mesh_groups_processes_when_devices_have_no_slices():
         device_kind: str = "fake"
 
     devices = [ProcessDevice(id=i, process_index=i // 4) for i in range(8)]
-    grid = _hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=2, model_axis_size=2), devices)
+    grid = hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=2, model_axis_size=2), devices)
     # process 0's devices form replica row 0, process 1's row 1
     assert np.vectorize(lambda d: d.id)(grid).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     with pytest.raises(ValueError, match="replica_dcn_axis_size=4"):
-        _hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=4, model_axis_size=2), devices)
+        hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=4, model_axis_size=2), devices)
 
 
 # --- evaluation batches --------------------------------------------------------------------------

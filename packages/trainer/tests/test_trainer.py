@@ -185,7 +185,7 @@ def test_the_loop_reduces_the_loss_and_logs_every_step():
 
 
 def test_mfu_metric_is_model_flops_over_peak(monkeypatch):
-    monkeypatch.setattr("ponente.trainer.trainer.device_peak_flops", lambda kind, dtype: 2e12)
+    monkeypatch.setattr("ponente.trainer.trainer._loop.device_peak_flops", lambda kind, dtype: 2e12)
     fpt = MODEL.flops_per_token(Vocab.size)
     logged = []
     trainer = shared_trainer(flops_per_token=fpt, log_fn=lambda m, s: logged.append(m))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import equinox as eqx
 import jax
@@ -16,9 +16,7 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
 from .attention import ATTENTION_BACKENDS
-
-if TYPE_CHECKING:
-    from .lm import LmHeadModel
+from .lm import LmHeadModel
 
 __all__ = [
     "LmConfig",
@@ -172,12 +170,15 @@ def lm_flops_per_token(
     seq_len: int,
     vocab_size: int,
     glu: bool,
+    attention_windows: Sequence[int | None] | None = None,
 ) -> float:
     """Forward-pass FLOPs per token of a decoder-only transformer (matrix products only, 2 FLOPs per multiply-add).
 
-    Counts the Q/K/V/O projections, the attention scores and weighted sum over the full ``seq_len``
-    (no causal saving, as the reference kernel computes them), the MLP (3 matrices if ``glu``, else 2)
-    and the output projection to the vocabulary. Multiply by 3 for forward + backward.
+    Counts the Q/K/V/O projections, the attention scores and weighted sum over the keys a query may see, the
+    MLP (3 matrices if ``glu``, else 2) and the output projection to the vocabulary. A full-attention layer
+    counts all ``seq_len`` keys (no causal saving, as the reference kernel computes them), a sliding-window
+    layer ``min(window, seq_len)`` keys (the same convention: the window, without the triangle at the start).
+    Multiply by 3 for forward + backward.
 
     Args:
         hidden_dim: the model width.
@@ -189,16 +190,25 @@ def lm_flops_per_token(
         seq_len: the sequence length.
         vocab_size: the vocabulary size.
         glu: whether the MLP is gated (gate, up, down).
+        attention_windows: per layer, the sliding window (keys a query sees, itself included) or None for full
+            attention (None: every layer full).
 
     Returns:
         FLOPs per token.
+
+    Raises:
+        ValueError: if ``attention_windows`` does not have one entry per layer.
     """
+    windows = [None] * num_layers if attention_windows is None else list(attention_windows)
+    if len(windows) != num_layers:
+        raise ValueError(f"lm_flops_per_token: {len(windows)} attention_windows for {num_layers} layers")
     q_out = num_heads * head_size
     kv_out = num_kv_heads * head_size
     proj = 2 * hidden_dim * (q_out + 2 * kv_out) + 2 * q_out * hidden_dim
-    attn = 2 * 2 * seq_len * q_out
+    keys = sum(seq_len if w is None else min(w, seq_len) for w in windows)
+    attn = 2 * 2 * keys * q_out  # scores and the weighted sum of values, summed over layers
     mlp = 2 * hidden_dim * intermediate_dim * (3 if glu else 2)
-    return float(num_layers * (proj + attn + mlp) + 2 * hidden_dim * vocab_size)
+    return float(num_layers * (proj + mlp) + attn + 2 * hidden_dim * vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +226,11 @@ class LmConfig(abc.ABC):
         num_kv_heads: key/value heads (``num_heads`` for multi-head attention, 1 for MQA).
         head_dim: the size of one head (None: ``hidden_dim // num_heads``).
         gradient_checkpointing: the ``Stacked`` checkpointing policy (see ``hax.nn.ScanCheckpointPolicy``).
-        attn_backend: the attention kernel, one of ``ponente.models.ATTENTION_BACKENDS`` (``"reference"``: materialized
-            scores; ``"flash"``: blockwise, never materializing the full score matrix).
+        attn_backend: the attention kernel, one of ``ponente.models.ATTENTION_BACKENDS``: ``"auto"`` (the fastest
+            backend that supports the call on the device it runs on), ``"reference"`` (materialized scores),
+            ``"flash"`` (blockwise, never materializing the full score matrix), ``"xla"``/``"cudnn"``
+            (``jax.nn.dot_product_attention``) or ``"pallas"`` (JAX's GPU/TPU kernels); see
+            :mod:`ponente.models.attention_backends`.
         flash_attention_block_size: the query/key block size of the ``"flash"`` backend.
         vocab_padding_multiple: ``build(Vocab)`` pads the vocabulary axis to a multiple of this (1: no padding);
             logits of padded entries are the dtype's most negative value, so they never win and add nothing
@@ -236,7 +249,7 @@ class LmConfig(abc.ABC):
     num_kv_heads: int = 12
     head_dim: int | None = None
     gradient_checkpointing: bool | str = False
-    attn_backend: str = "reference"
+    attn_backend: str = "auto"
     flash_attention_block_size: int = 128
     vocab_padding_multiple: int = 1
 
@@ -334,7 +347,7 @@ class LmConfig(abc.ABC):
         """
 
     def flops_per_token(self, vocab_size: int) -> float:
-        """Forward-pass FLOPs per token (matrix products incl. attention), used for MFU.
+        """Forward-pass FLOPs per token (matrix products incl. attention, honouring sliding windows), used for MFU.
 
         Architectures whose forward pass is the standard decoder (attention + MLP per layer, then the
         output projection) share this count; others override it.
@@ -356,7 +369,15 @@ class LmConfig(abc.ABC):
             seq_len=self.seq_len,
             vocab_size=padded_vocab_size(vocab_size, self.vocab_padding_multiple),
             glu=self.glu_mlp,
+            attention_windows=self.attention_windows(),
         )
+
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """Per layer, the sliding window (keys a query sees, itself included), or None for full causal attention.
+
+        Used to count attention FLOPs (:meth:`flops_per_token`); architectures with sliding windows override it.
+        """
+        return (None,) * self.num_layers
 
     @abc.abstractmethod
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +22,7 @@ from jax import lax
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
-if TYPE_CHECKING:
-    from .attention import AttentionMask
+from .attention_mask import AttentionMask
 
 __all__ = ["flash_attention"]
 

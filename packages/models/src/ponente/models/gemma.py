@@ -17,8 +17,9 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, Linear, Stacked
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
-from ._layer_types import FULL, layer_kinds, select_by_kind, with_sliding_window
+from ._layer_types import FULL, SLIDING, layer_kinds, select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention
+from .attention_backends import check_soft_cap_backend
 from .config import LmConfig, _require, mask_padded_vocab, register_config
 from .lm import LmHeadModel
 from .rotary import RotaryConfig, apply_rotary
@@ -118,6 +119,11 @@ class GemmaConfig(LmConfig):
             sandwich_norms=False,
             qk_norm=False,
         )
+
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """The layout's window on sliding layers, None on global ones (see :meth:`LmConfig.attention_windows`)."""
+        layout = self.layout()
+        return tuple(layout.sliding_window if t == SLIDING else None for t in layout.layer_types)
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> GemmaLMHeadModel:
         """Build a randomly initialized model (see :meth:`LmConfig.build`)."""
@@ -259,33 +265,6 @@ class GemmaMlp(eqx.Module):
         return self.down_proj(hax.nn.gelu(self.gate_proj(x), approximate=self.approximate) * self.up_proj(x))
 
 
-def _soft_capped_attention(
-    Pos: Axis,
-    HeadSize: Axis,
-    query: NamedArray,
-    key: NamedArray,
-    value: NamedArray,
-    mask: NamedArray | None,
-    *,
-    scaling: float,
-    soft_cap: float,
-) -> NamedArray:
-    """Reference attention whose scaled logits are soft-capped (``cap * tanh(logits / cap)``) before masking.
-
-    Same contract as :func:`~ponente.models.attention.dot_product_attention` with an explicit mask;
-    the softmax runs in float32 (as transformers' eager attention).
-    """
-    KPos = Pos.alias("key_position")
-    key = key.rename({Pos.name: KPos.name})
-    value = value.rename({Pos.name: KPos.name})
-    logits = hax.dot(query, key, axis=HeadSize.name).astype(jnp.float32) * scaling
-    logits = soft_cap * hax.tanh(logits / soft_cap)
-    if mask is not None:
-        logits = hax.where(mask, logits, jnp.finfo(jnp.float32).min)
-    weights = hax.nn.softmax(logits, axis=KPos.name).astype(value.dtype)
-    return hax.dot(weights, value, axis=KPos.name)
-
-
 class GemmaAttention(ModuleWithStateDictSerialization):
     """Grouped-query attention of the Gemma family, for both sliding-window and global layers.
 
@@ -304,7 +283,8 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         local_rope: rotary settings of sliding-window layers.
         sliding_window: the window of sliding layers (None: sliding layers see all earlier keys).
         scaling: multiplies the attention logits.
-        soft_cap: caps the attention logits with ``cap * tanh(logits / cap)`` (None: no cap; reference backend only).
+        soft_cap: caps the attention logits with ``cap * tanh(logits / cap)`` (None: no cap; only the backends that
+            support it, see :mod:`ponente.models.attention_backends`; ``"auto"`` picks one).
     """
 
     attn: Attention
@@ -331,14 +311,11 @@ class GemmaAttention(ModuleWithStateDictSerialization):
             The layer.
 
         Raises:
-            ValueError: if attention soft-capping is combined with the ``"flash"`` backend.
+            ValueError: if attention soft-capping is combined with a backend that never soft-caps.
         """
         layout = config.layout()
-        if layout.attn_logit_softcapping is not None and config.attn_backend != "reference":
-            raise ValueError(
-                f"{type(config).__name__}: attn_logit_softcapping={layout.attn_logit_softcapping} needs "
-                f"attn_backend='reference'; the {config.attn_backend!r} backend has no logit soft-capping"
-            )
+        if layout.attn_logit_softcapping is not None:
+            check_soft_cap_backend(config.attn_backend, f"{type(config).__name__}: attn_logit_softcapping")
         attn = Attention.init(
             config.Embed,
             config.KVHeads,
@@ -385,21 +362,17 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         def attend(rope: RotaryConfig, window: int | None) -> NamedArray:
             qr, kr = apply_rotary(q, Pos, HeadSize, rope), apply_rotary(k, Pos, HeadSize, rope)
             m = with_sliding_window(mask, window, Pos)
-            if self.soft_cap is None:
-                return attention(
-                    Pos,
-                    HeadSize,
-                    qr,
-                    kr,
-                    v,
-                    m,
-                    scaling_factor=self.scaling,
-                    backend=a.backend,
-                    block_size=a.block_size,
-                )
-            explicit = m.materialize(Pos, Pos.alias("key_position")) if isinstance(m, AttentionMask) else m
-            return _soft_capped_attention(
-                Pos, HeadSize, qr, kr, v, explicit, scaling=self.scaling, soft_cap=self.soft_cap
+            return attention(
+                Pos,
+                HeadSize,
+                qr,
+                kr,
+                v,
+                m,
+                scaling_factor=self.scaling,
+                backend=a.backend,
+                block_size=a.block_size,
+                logit_soft_cap=self.soft_cap,
             )
 
         def local() -> NamedArray:
@@ -544,18 +517,28 @@ class GemmaLMHeadModel(LmHeadModel):
         x = self.transformer.layers.fold(x, mask, layer_kinds(self.config.layout().layer_types, self.config.Layers))
         return self.transformer.norm(x)
 
+    def blockwise_loss_support(self) -> str | None:
+        """Why the blockwise loss cannot compute this model's loss (a final logit soft cap), or None."""
+        cap = self.config.layout().final_logit_softcapping
+        if cap is not None:
+            return (
+                f"{type(self.config).__name__}: final_logit_softcapping={cap} caps the logits after the output "
+                "projection"
+            )
+        return None
+
     def get_lm_head(self) -> NamedArray:
         """The output projection weight (``embed``, ``vocab``): ``lm_head``'s, or the token embedding if tied.
 
         Raises:
             NotImplementedError: with final logit soft-capping, as logits are then not ``activations · lm_head``
-                (so the blockwise loss, which relies on that, is unavailable).
+                (so the blockwise loss, which relies on that, is unavailable; ``block_size="auto"`` keeps the
+                plain loss for such models).
         """
-        cap = self.config.layout().final_logit_softcapping
-        if cap is not None:
+        reason = self.blockwise_loss_support()
+        if reason is not None:
             raise NotImplementedError(
-                f"{type(self.config).__name__}: final_logit_softcapping={cap} caps the logits after the output "
-                "projection, so the blockwise loss (compute_next_token_loss(..., block_size=...)) cannot be used; "
+                f"{reason}, so the blockwise loss (compute_next_token_loss(..., block_size=...)) cannot be used; "
                 "use block_size=None"
             )
         if self.lm_head is None:

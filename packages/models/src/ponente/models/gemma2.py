@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ._layer_types import FULL, SLIDING, check_layer_types
+from .attention_backends import check_soft_cap_backend
 from .config import _require, register_config
 from .gemma import GemmaConfig, GemmaLayout
 from .rotary import RotaryConfig
@@ -31,7 +32,8 @@ class Gemma2Config(GemmaConfig):
         layer_types: per layer ``"sliding_attention"`` or ``"full_attention"`` (None: from ``sliding_window_pattern``).
         sliding_window_pattern: without ``layer_types``, every ``sliding_window_pattern``-th layer is global, the
             others are sliding (layer ``i`` is global when ``(i + 1) % sliding_window_pattern == 0``).
-        attn_logit_softcapping: the attention logit cap (None: none); needs ``attn_backend="reference"``.
+        attn_logit_softcapping: the attention logit cap (None: none); needs a backend that soft-caps (``"auto"``,
+            ``"reference"``, or ``"pallas"`` on TPU).
         final_logit_softcapping: the output logit cap (None: none). With it, the blockwise loss is unavailable.
 
     Example:
@@ -77,11 +79,8 @@ class Gemma2Config(GemmaConfig):
             value = getattr(self, cap_name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}: {cap_name} must be positive (or None), got {value}")
-        if self.attn_logit_softcapping is not None and self.attn_backend != "reference":
-            raise ValueError(
-                f"{name}: attn_logit_softcapping={self.attn_logit_softcapping} needs attn_backend='reference'; the "
-                f"{self.attn_backend!r} backend has no logit soft-capping (set attn_logit_softcapping=None to use it)"
-            )
+        if self.attn_logit_softcapping is not None:
+            check_soft_cap_backend(self.attn_backend, f"{name}: attn_logit_softcapping={self.attn_logit_softcapping}")
 
     def resolved_layer_types(self) -> tuple[str, ...]:
         """``layer_types``, or the pattern ``sliding_window_pattern`` describes.

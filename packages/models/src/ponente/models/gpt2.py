@@ -32,7 +32,8 @@ class Gpt2Config(LmConfig):
         initializer_range: standard deviation of the embedding initialization.
         embed_pdrop: dropout after the token + position embeddings (HF ``embd_pdrop``).
         resid_pdrop: dropout on the attention and MLP outputs before each residual add.
-        attn_pdrop: dropout on the attention probabilities (``"reference"`` backend only).
+        attn_pdrop: dropout on the attention probabilities (``"reference"`` or ``"auto"`` backend only; with dropout
+            in training, or ``upcast_attn``, the scores are always materialized).
         scale_attn_weights: divide the attention scores by ``sqrt(head_size)``.
         scale_attn_by_inverse_layer_idx: also divide the scores of layer ``i`` (from 0) by ``i + 1`` (a
             stability option for deep models).
@@ -70,7 +71,7 @@ class Gpt2Config(LmConfig):
         for name in ("embed_pdrop", "resid_pdrop", "attn_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"Gpt2Config: {name} must be in [0, 1), got {getattr(self, name)}")
-        if self.attn_backend != "reference" and (self.attn_pdrop > 0 or self.upcast_attn):
+        if self.attn_backend not in ("reference", "auto") and (self.attn_pdrop > 0 or self.upcast_attn):
             raise ValueError(
                 f"Gpt2Config: attn_backend={self.attn_backend!r} does not materialize attention probabilities, so "
                 f"attn_pdrop ({self.attn_pdrop}) must be 0 and upcast_attn ({self.upcast_attn}) False; "

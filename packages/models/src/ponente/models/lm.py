@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import equinox as eqx
 import jax
@@ -18,39 +18,52 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.state_dict import (
     ModuleWithStateDictSerialization,
-    flatten_linear_layers,
-    from_state_dict,
+    from_torch_compatible_state_dict,
     to_torch_compatible_state_dict,
-    unflatten_linear_layers,
 )
 
 from .attention import AttentionMask
 
-if TYPE_CHECKING:
-    from .config import LmConfig
-
 __all__ = [
+    "FUSED_LOSS_BLOCK_SIZE",
+    "FUSED_LOSS_MIN_VOCAB",
     "LmExample",
     "LmHeadModel",
     "blockwise_cross_entropy_loss",
     "compute_next_token_loss",
     "compute_next_token_loss_and_aux",
+    "cross_entropy_block_size",
 ]
 
-M = TypeVar("M", bound="LmHeadModel")
+FUSED_LOSS_MIN_VOCAB = 65536
+"""With ``block_size="auto"``, the loss is blockwise (fused) from this (padded) vocabulary size on.
+
+At 128k entries the plain loss's float32 logits and their gradient are the memory peak of a training step
+(Llama 3: 1 GiB per 2048-token sequence each); below 64k (GPT-2, Llama 2, Mistral) they are small and the plain
+loss is faster. The ``loss-memory`` benchmark measures both at vocabulary 128k.
+"""
+
+FUSED_LOSS_BLOCK_SIZE = 8192
+"""The vocabulary block of the blockwise loss that ``block_size="auto"`` chooses."""
+
+M = TypeVar("M", bound="LmHeadModel[Any]")
+# The type of a model's config. ``LmConfig`` (in ``config.py``) builds models, so it sits above this module, which
+# names it only through this type variable: ``LmHeadModel[LlamaConfig]``.
+ConfigT = TypeVar("ConfigT")
 
 
-class LmHeadModel(ModuleWithStateDictSerialization):
+class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
     """A causal language model: token ids ``NamedArray[..., "position"]`` to logits ``[..., "position", "vocab"]``.
 
     Subclasses are Equinox modules built by their config's ``build``; their state-dict keys are the
     Hugging Face parameter names (see :meth:`to_hf_state_dict`).
 
     Attributes:
-        config: the config this model was built from (a static field of every subclass).
+        config: the :class:`~ponente.models.LmConfig` this model was built from (a static field of every
+            subclass; ``LmHeadModel[C]`` is a model whose config is a ``C``).
     """
 
-    config: eqx.AbstractVar[LmConfig]
+    config: eqx.AbstractVar[ConfigT]
 
     @property
     @abc.abstractmethod
@@ -119,6 +132,17 @@ class LmHeadModel(ModuleWithStateDictSerialization):
             f"{type(self).__name__} does not implement get_lm_head(); it is needed for the blockwise loss "
             "(compute_next_token_loss(..., block_size=...)); use block_size=None"
         )
+
+    def blockwise_loss_support(self) -> str | None:
+        """None if the blockwise loss can compute this model's loss, else why not (a phrase for messages).
+
+        The default says yes when the subclass implements :meth:`activations` and :meth:`get_lm_head`; models
+        whose logits are not ``activations · lm_head`` (e.g. a final logit soft cap) override it.
+        """
+        own = type(self)
+        if own.activations is LmHeadModel.activations or own.get_lm_head is LmHeadModel.get_lm_head:
+            return f"{own.__name__} does not implement activations() and get_lm_head()"
+        return None
 
     def logits_and_aux(
         self,
@@ -189,9 +213,8 @@ class LmHeadModel(ModuleWithStateDictSerialization):
         """
         suffixes = type(self)._hf_transposed_suffixes
         fixed = {k: (np.asarray(v).T if k.endswith(suffixes) and suffixes else v) for k, v in state_dict.items()}
-        # flatten the template abstractly, so a shape-only template (from ``eqx.filter_eval_shape``) works too
-        flat_template = jax.eval_shape(flatten_linear_layers, self)
-        return unflatten_linear_layers(self, from_state_dict(flat_template, fixed))
+        # a shape-only template (from ``eqx.filter_eval_shape``) works too
+        return from_torch_compatible_state_dict(self, fixed)
 
 
 class LmExample(eqx.Module):
@@ -287,15 +310,31 @@ class _LossSpec:
     """Static settings of the blockwise cross-entropy (a ``nondiff`` argument of its custom VJP)."""
 
     block: int
-    vocab: int  # the real vocabulary size; padded columns are masked
+    vocab: int  # the vocabulary size (columns of ``w``)
     z_loss_weight: float
+    dtype: Any  # of logits, softmax statistics, loss and accumulated gradients
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.vocab // self.block)
 
 
-def _vocab_tile(spec: _LossSpec, h: jax.Array, w: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Logits ``[..., block]`` of vocabulary block ``j`` (``-inf`` on padding) and the block's column ids."""
-    cols = j * spec.block + jnp.arange(spec.block)
-    logits = h @ lax.dynamic_slice_in_dim(w, j * spec.block, spec.block, axis=1)
-    return jnp.where(cols < spec.vocab, logits, -jnp.inf), cols
+def _vocab_tile(
+    spec: _LossSpec, h: jax.Array, w: jax.Array, t: jax.Array, j: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Block ``j`` of the vocabulary: its logits ``[..., block]``, target indicator, first column and ``w`` slice.
+
+    The last block is shifted left to end at the last column (no padded copy of ``w``, which is vocabulary-sized);
+    its columns that the previous block already covered get ``-inf`` logits and are never the target.
+    """
+    start = jnp.minimum(j * spec.block, spec.vocab - spec.block)
+    cols = start + jnp.arange(spec.block)
+    fresh = cols >= j * spec.block
+    # no cast of ``w``: XLA would hoist it out of the loop as a vocabulary-sized copy; the products accumulate in
+    # ``spec.dtype`` instead
+    w_j = lax.dynamic_slice_in_dim(w, start, spec.block, axis=1)
+    logits = jnp.where(fresh, jnp.matmul(h, w_j, preferred_element_type=spec.dtype), -jnp.inf)
+    return logits, fresh & (cols == t[..., None]), start, w_j
 
 
 def _blockwise_forward(spec: _LossSpec, h: jax.Array, w: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -303,14 +342,14 @@ def _blockwise_forward(spec: _LossSpec, h: jax.Array, w: jax.Array, t: jax.Array
 
     def visit(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         m, total, target = carry
-        logits, cols = _vocab_tile(spec, h, w, j)
+        logits, is_target, _, _ = _vocab_tile(spec, h, w, t, j)
         m_new = jnp.maximum(m, logits.max(-1))
         total = total * jnp.exp(m - m_new) + jnp.exp(logits - m_new[..., None]).sum(-1)
-        target = target + jnp.sum(jnp.where(cols == t[..., None], logits, 0.0), axis=-1)
+        target = target + jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
         return m_new, total, target
 
-    init = (jnp.full(t.shape, -jnp.inf, h.dtype), jnp.zeros(t.shape, h.dtype), jnp.zeros(t.shape, h.dtype))
-    m, total, target = lax.fori_loop(0, w.shape[1] // spec.block, visit, init)
+    init = (jnp.full(t.shape, -jnp.inf, spec.dtype), jnp.zeros(t.shape, spec.dtype), jnp.zeros(t.shape, spec.dtype))
+    m, total, target = lax.fori_loop(0, spec.num_blocks, visit, init)
     lse = m + jnp.log(total)
     return lse - target + spec.z_loss_weight * lse * lse, lse
 
@@ -332,17 +371,22 @@ def _blockwise_ce_bwd(spec: _LossSpec, res: tuple[jax.Array, ...], g: jax.Array)
     # d loss / d logits = softmax * (1 + 2 z lse) - onehot(target)
     coef = g * (1.0 + 2.0 * spec.z_loss_weight * lse)
 
-    def block_grads(dh: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits, cols = _vocab_tile(spec, h, w, j)
-        is_target = cols == t[..., None]
+    def block_grads(carry: tuple[jax.Array, jax.Array], j: jax.Array) -> tuple[tuple[jax.Array, jax.Array], None]:
+        dh, dw = carry
+        logits, is_target, start, w_j = _vocab_tile(spec, h, w, t, j)
         dlogits = coef[..., None] * jnp.exp(logits - lse[..., None]) - jnp.where(is_target, g[..., None], 0.0)
-        w_j = lax.dynamic_slice_in_dim(w, j * spec.block, spec.block, axis=1)
-        return dh + dlogits @ w_j.T, jnp.einsum("...e,...v->ev", h, dlogits)
+        dlogits_in = dlogits.astype(h.dtype)
+        # 0 on the columns a shifted last block repeats
+        dw_j = jnp.einsum("...e,...v->ev", h, dlogits_in, preferred_element_type=spec.dtype)
+        # accumulated in place into the gradient buffer (no stack of per-block gradients, no f32 copy of ``w``)
+        dw_j = (lax.dynamic_slice_in_dim(dw, start, spec.block, axis=1).astype(spec.dtype) + dw_j).astype(w.dtype)
+        dh = dh + jnp.matmul(dlogits_in, w_j.T, preferred_element_type=spec.dtype)
+        return (dh, lax.dynamic_update_slice_in_dim(dw, dw_j, start, axis=1)), None
 
-    n_blocks = w.shape[1] // spec.block
-    dh, dw_blocks = lax.scan(block_grads, jnp.zeros_like(h), jnp.arange(n_blocks))
-    dw = jnp.moveaxis(dw_blocks, 0, 1).reshape(w.shape)
-    return dh, dw, None
+    blocks = jnp.arange(spec.num_blocks)
+    init = (jnp.zeros(h.shape, spec.dtype), jnp.zeros_like(w))
+    (dh, dw), _ = lax.scan(block_grads, init, blocks)
+    return dh.astype(h.dtype), dw, None
 
 
 _blockwise_ce.defvjp(_blockwise_ce_fwd, _blockwise_ce_bwd)
@@ -369,7 +413,8 @@ def blockwise_cross_entropy_loss(
             shares with ``hidden``.
         targets: integer target ids with exactly ``hidden``'s axes minus ``Embed`` (ids outside the
             vocabulary contribute a target logit of 0).
-        block_size: vocabulary columns per block (clipped to the vocabulary size; it is padded to a multiple).
+        block_size: vocabulary columns per block (clipped to the vocabulary size; the last block overlaps the one
+            before it when the size is not a multiple).
         z_loss_weight: the z-loss weight (0: none).
         dtype: the computation dtype of logits and loss.
 
@@ -405,15 +450,43 @@ def blockwise_cross_entropy_loss(
             f"{where}: targets must have hidden's axes minus {Embed.name!r}, i.e. {token_axes}; got {targets.axes}"
         )
     # token (batch, position) dimensions stay separate: no reshape of possibly sharded axes
-    h = hidden.rearrange((*token_axes, Embed)).array.astype(dtype)
-    w = lm_head.rearrange((Embed, Vocab)).array.astype(dtype)
+    # inputs keep their (common) dtype, e.g. bfloat16: a float32 copy of ``lm_head`` would be vocabulary-sized;
+    # products accumulate in ``dtype``
+    common = jnp.promote_types(hidden.dtype, lm_head.dtype)
+    h = hidden.rearrange((*token_axes, Embed)).array.astype(common)
+    w = lm_head.rearrange((Embed, Vocab)).array.astype(common)
     t = targets.rearrange(token_axes).array.astype(jnp.int32)
     blk = min(block_size, Vocab.size)
-    pad = -(-Vocab.size // blk) * blk - Vocab.size
-    if pad:
-        w = jnp.pad(w, ((0, 0), (0, pad)))
-    loss = _blockwise_ce(_LossSpec(block=blk, vocab=Vocab.size, z_loss_weight=float(z_loss_weight)), h, w, t)
+    spec = _LossSpec(block=blk, vocab=Vocab.size, z_loss_weight=float(z_loss_weight), dtype=jnp.dtype(dtype))
+    loss = _blockwise_ce(spec, h, w, t)
     return NamedArray(loss, token_axes)
+
+
+def cross_entropy_block_size(model: LmHeadModel, block_size: int | str | None = "auto") -> int | None:
+    """The vocabulary block of the loss of ``model``: ``block_size`` itself, or what ``"auto"`` means for it.
+
+    ``"auto"`` is :data:`FUSED_LOSS_BLOCK_SIZE` (the blockwise, fused loss) when the model's vocabulary has at least
+    :data:`FUSED_LOSS_MIN_VOCAB` entries and the model supports the blockwise loss
+    (:meth:`LmHeadModel.blockwise_loss_support`; e.g. not with Gemma 2's final logit soft cap), else None (the
+    plain loss over materialized logits).
+
+    Args:
+        model: the model.
+        block_size: ``"auto"``, a block size (the blockwise loss), or None (the plain loss).
+
+    Returns:
+        The block size, or None for the plain loss.
+
+    Raises:
+        ValueError: for a string other than ``"auto"``.
+    """
+    if not isinstance(block_size, str):
+        return block_size
+    if block_size != "auto":
+        raise ValueError(f"cross-entropy block_size must be an int, None or 'auto', got {block_size!r}")
+    if model.Vocab.size < FUSED_LOSS_MIN_VOCAB or model.blockwise_loss_support() is not None:
+        return None
+    return FUSED_LOSS_BLOCK_SIZE
 
 
 def compute_next_token_loss(
@@ -424,7 +497,7 @@ def compute_next_token_loss(
     logsumexp_weight: float | None = None,
     loss_dtype: Any = jnp.float32,
     reduction: str = "mean",
-    block_size: int | None = None,
+    block_size: int | str | None = "auto",
 ) -> NamedArray:
     """Next-token cross-entropy of ``model`` on ``example`` (masked), with an optional z-loss.
 
@@ -443,15 +516,17 @@ def compute_next_token_loss(
         logsumexp_weight: z-loss weight (None or 0: no z-loss).
         loss_dtype: dtype of the loss computation.
         reduction: ``"mean"`` (over unmasked positions), ``"sum"``, or ``"none"`` (per-position, masked).
-        block_size: vocabulary block size of the blockwise loss (None: materialize the logits). Needs a
-            model implementing :meth:`LmHeadModel.activations` and :meth:`LmHeadModel.get_lm_head`.
+        block_size: vocabulary block size of the blockwise loss (None: materialize the logits; ``"auto"``:
+            blockwise from :data:`FUSED_LOSS_MIN_VOCAB` entries on, where the model supports it, see
+            :func:`cross_entropy_block_size`). A number needs a model implementing :meth:`LmHeadModel.activations`
+            and :meth:`LmHeadModel.get_lm_head`.
 
     Returns:
         A scalar NamedArray (or per-position losses for ``"none"``).
 
     Raises:
-        ValueError: for an unknown ``reduction``.
-        NotImplementedError: with ``block_size``, for a model without ``activations``/``get_lm_head``.
+        ValueError: for an unknown ``reduction`` or ``block_size`` string.
+        NotImplementedError: with a numeric ``block_size``, for a model without ``activations``/``get_lm_head``.
     """
     return compute_next_token_loss_and_aux(
         model,
@@ -472,7 +547,7 @@ def compute_next_token_loss_and_aux(
     logsumexp_weight: float | None = None,
     loss_dtype: Any = jnp.float32,
     reduction: str = "mean",
-    block_size: int | None = None,
+    block_size: int | str | None = "auto",
 ) -> tuple[NamedArray, dict[str, NamedArray]]:
     """:func:`compute_next_token_loss` (same arguments), also returning the model's auxiliary losses.
 
@@ -488,6 +563,7 @@ def compute_next_token_loss_and_aux(
         raise ValueError(f"compute_next_token_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     Pos = example.tokens.resolve_axis("position")
     targets = hax.roll(example.tokens, -1, Pos)
+    block_size = cross_entropy_block_size(model, block_size)
     if block_size is not None:
         hidden, aux = model.activations_and_aux(example.tokens, example.attn_mask, key=key)
         loss = blockwise_cross_entropy_loss(

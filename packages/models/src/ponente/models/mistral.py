@@ -56,6 +56,10 @@ class MistralConfig(LlamaConfig):
                 f"got {self.sliding_window}"
             )
 
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """Every layer attends over ``sliding_window`` (see :meth:`LmConfig.attention_windows`)."""
+        return (self.sliding_window,) * self.num_layers
+
     def build(self, Vocab: Axis, *, key: jax.Array) -> MistralLMHeadModel:
         """Build a randomly initialized Mistral (see :meth:`LmConfig.build`)."""
         return MistralLMHeadModel.init(self, Vocab, key=key)

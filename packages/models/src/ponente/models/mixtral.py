@@ -85,6 +85,10 @@ class MixtralConfig(LlamaConfig):
         """The experts axis ``experts`` (map it to a mesh axis for expert parallelism)."""
         return Axis("experts", self.num_experts)
 
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """Every layer attends over ``sliding_window`` (see :meth:`LmConfig.attention_windows`)."""
+        return (self.sliding_window,) * self.num_layers
+
     def build(self, Vocab: Axis, *, key: jax.Array) -> MixtralLMHeadModel:
         """Build a randomly initialized Mixtral (see :meth:`LmConfig.build`)."""
         return MixtralLMHeadModel.init(self, Vocab, key=key)
@@ -111,6 +115,7 @@ class MixtralConfig(LlamaConfig):
             seq_len=self.seq_len,
             vocab_size=padded_vocab_size(vocab_size, self.vocab_padding_multiple),
             glu=True,
+            attention_windows=self.attention_windows(),
         )
         return dense + self.num_layers * 2.0 * self.hidden_dim * self.num_experts
 

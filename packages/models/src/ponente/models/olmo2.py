@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any
 
 import equinox as eqx
 import jax
-import numpy as np
 
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear, RmsNorm
@@ -18,8 +17,6 @@ from .config import register_config
 from .llama import LlamaConfig, LlamaLMHeadModel, LlamaMlp, QkNormAttention
 
 __all__ = ["Olmo2Config", "Olmo2LMHeadModel"]
-
-_QK_NORM_SUFFIXES = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
 
 @register_config("olmo2")
@@ -142,35 +139,3 @@ class Olmo2LMHeadModel(LlamaLMHeadModel):
 
     # Olmo2DecoderLayer is not a LlamaDecoderLayer (no input norm), but Llama's init only stacks it
     _decoder_layer = Olmo2DecoderLayer  # type: ignore[assignment]
-
-    def to_hf_state_dict(self) -> dict[str, np.ndarray]:
-        """The parameters under their Hugging Face names and layouts (flat QK-norm scales)."""
-        return {
-            k: (v.reshape(-1) if k.endswith(_QK_NORM_SUFFIXES) else v) for k, v in super().to_hf_state_dict().items()
-        }
-
-    def from_hf_state_dict(self, state_dict: Mapping[str, Any]) -> Self:
-        """A copy of this (template) model with parameters read from a Hugging Face OLMo 2 state dict.
-
-        Args:
-            state_dict: parameter name -> array; extra keys are ignored.
-
-        Returns:
-            The loaded model.
-
-        Raises:
-            KeyError: if a parameter is missing.
-            ValueError: if a parameter has the wrong shape.
-        """
-        c = self.config
-        shapes = {
-            "self_attn.q_norm.weight": (c.num_kv_heads, c.num_heads // c.num_kv_heads, c.HeadSize.size),
-            "self_attn.k_norm.weight": (c.num_kv_heads, c.HeadSize.size),
-        }
-        fixed: dict[str, Any] = {}
-        for key, value in state_dict.items():
-            suffix = next((s for s in _QK_NORM_SUFFIXES if key.endswith(s)), None)
-            if suffix is not None and int(np.prod(np.shape(value))) == int(np.prod(shapes[suffix])):
-                value = np.asarray(value).reshape(shapes[suffix])
-            fixed[key] = value
-        return super().from_hf_state_dict(fixed)

@@ -169,6 +169,10 @@ class QwenConfig(MistralConfig):
         """
         return _qwen_layer_types(self.num_layers, self.sliding_window, self.layer_types)
 
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """``sliding_window`` for the sliding layers, None for the others (see :meth:`LmConfig.attention_windows`)."""
+        return tuple(self.sliding_window if t == SLIDING else None for t in self.resolved_layer_types())
+
     def build(self, Vocab: Axis, *, key: jax.Array) -> QwenLMHeadModel:
         """Build a randomly initialized Qwen2 (see :meth:`LmConfig.build`)."""
         return QwenLMHeadModel.init(self, Vocab, key=key)

@@ -11,6 +11,7 @@ import jax
 
 from ponente.namedtensor import Axis
 
+from ._layer_types import SLIDING
 from .attention import Attention
 from .config import register_config
 from .llama import LlamaConfig, LlamaDecoderLayer, QkNormAttention
@@ -77,6 +78,10 @@ class Qwen3Config(MistralConfig):
             One entry per layer.
         """
         return _qwen_layer_types(self.num_layers, self.sliding_window, self.layer_types)
+
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """``sliding_window`` for the sliding layers, None for the others (see :meth:`LmConfig.attention_windows`)."""
+        return tuple(self.sliding_window if t == SLIDING else None for t in self.resolved_layer_types())
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> Qwen3LMHeadModel:
         """Build a randomly initialized Qwen3 (see :meth:`LmConfig.build`)."""

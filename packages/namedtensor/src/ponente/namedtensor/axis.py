@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, overload
+from types import EllipsisType
+from typing import Any, TypeAlias, TypeVar, overload
 
 import equinox as eqx
 import jax
 
-from .util import ensure_tuple
+from ._util import ensure_tuple
 
 __all__ = [
     "Axis",
     "AxisSelection",
     "AxisSelector",
     "AxisSpec",
+    "PartialAxisSpec",
     "PartialShapeDict",
     "ShapeDict",
     "axis_name",
@@ -35,6 +37,7 @@ __all__ = [
     "intersect_axes",
     "is_axis_compatible",
     "make_axes",
+    "rearrange_for_partial_order",
     "replace_axis",
     "resolve_axis",
     "selects_axis",
@@ -83,6 +86,8 @@ AxisSpec: TypeAlias = ShapeDict | Sequence[Axis] | Axis
 """Fully specified axes: one :class:`Axis`, a sequence of them, or a shape dict."""
 AxisSelection: TypeAlias = PartialShapeDict | Sequence[AxisSelector] | AxisSelector
 """Axes given by name or as axes: a selector, a sequence of selectors, or a partial shape dict."""
+PartialAxisSpec: TypeAlias = Sequence[AxisSelector | EllipsisType]
+"""Axes in order, where ``...`` stands for any other axes: ``("batch", ..., "embed")``."""
 
 
 def _entries(spec: Any) -> list[tuple[str, int | None]]:
@@ -460,6 +465,75 @@ def is_axis_compatible(ax1: AxisSelector, ax2: AxisSelector) -> bool:
     return n1 == n2 and (s1 is None or s2 is None or s1 == s2)
 
 
+_Ax = TypeVar("_Ax", Axis, str)
+
+
+def rearrange_for_partial_order(partial_order: PartialAxisSpec, axes: Sequence[_Ax]) -> tuple[_Ax, ...]:
+    """Orders ``axes`` to follow ``partial_order``, where each ``...`` stands for any of the unlisted axes.
+
+    Listed axes appear in the order given. Each unlisted axis goes into one ``...``: walking ``axes`` in
+    order, an unlisted axis joins the current ``...`` (at first, the first one); a listed axis moves the
+    current ``...`` forward to the first ``...`` after it that is still empty, if there is one. So unlisted
+    axes stay close to the listed axes they followed. Without ``...``, ``partial_order`` must list every axis.
+
+    Args:
+        partial_order: axes (or names) and ``...`` entries, each axis at most once.
+        axes: the axes to order (:class:`Axis` objects or names), each name at most once.
+
+    Returns:
+        The elements of ``axes``, reordered.
+
+    Raises:
+        ValueError: if an axis is listed twice or is not in ``axes``, if ``axes`` repeats a name, if sizes
+            disagree, or if there is no ``...`` and an axis is not listed.
+
+    Example:
+        >>> rearrange_for_partial_order(("c", ..., "a"), ("a", "b", "c", "d"))
+        ('c', 'b', 'd', 'a')
+        >>> rearrange_for_partial_order(("a", ..., "c", ...), ("a", "b", "c", "d"))
+        ('a', 'b', 'c', 'd')
+    """
+    by_name: dict[str, _Ax] = {}
+    for ax in axes:
+        name = axis_name(ax)
+        if name in by_name:
+            raise ValueError(f"axis {name!r} appears more than once in {_fmt(axes)}")
+        by_name[name] = ax
+    slots: list[list[_Ax]] = []
+    position: dict[str, int] = {}
+    for entry in partial_order:
+        if entry is Ellipsis:
+            slots.append([])
+            continue
+        assert not isinstance(entry, EllipsisType)
+        name = axis_name(entry)
+        if name in position:
+            raise ValueError(f"axis {name!r} is listed more than once in the partial order {tuple(partial_order)!r}")
+        if name not in by_name:
+            raise ValueError(f"axis {name!r} of the partial order {tuple(partial_order)!r} is not in {_fmt(axes)}")
+        found = by_name[name]
+        if isinstance(entry, Axis) and isinstance(found, Axis) and entry.size != found.size:
+            raise ValueError(f"axis {name!r} has size {found.size} in {_fmt(axes)} but {entry.size} in the order")
+        position[name] = len(slots)
+        slots.append([found])
+    ellipses = [i for i, entry in enumerate(partial_order) if entry is Ellipsis]
+    if not ellipses:
+        unlisted = [n for n in by_name if n not in position]
+        if unlisted:
+            raise ValueError(
+                f"axes {tuple(unlisted)} are not in the partial order {tuple(partial_order)!r}; list them or add '...'"
+            )
+        return tuple(slot[0] for slot in slots)
+    current = ellipses[0]
+    for name, ax in by_name.items():
+        if name not in position:
+            slots[current].append(ax)
+            continue
+        after = max(position[name] + 1, current)
+        current = next((i for i in ellipses if i >= after and not slots[i]), current)
+    return tuple(ax for slot in slots for ax in slot)
+
+
 def _fmt(spec: Any) -> str:
     entries = _entries(spec)
     return "(" + ", ".join(n if s is None else f"{n}={s}" for n, s in entries) + ")"
@@ -471,17 +545,25 @@ class dslice(eqx.Module):  # noqa: N801 (Haliax's name)
     Use it to index a named array along an axis at a start computed under ``jit``:
     ``x["pos", hax.dslice(i, 4)]``. ``ds`` is an alias.
 
+    Reading past either end of the axis gives zeros; writing (``x.at[...]``) past it drops those elements.
+
     Attributes:
         start: the first index (a Python int or a traced integer scalar).
-        size: the static number of elements.
+        size: the static number of elements (an :class:`Axis` may be passed for its size).
 
     Example:
         >>> dslice(2, 3).to_slice()
         slice(2, 5, None)
+        >>> dslice(4, Axis("block", 2)).size
+        2
     """
 
     start: int | jax.Array
     size: int = eqx.field(static=True)
+
+    def __init__(self, start: int | jax.Array, size: int | Axis) -> None:
+        self.start = start
+        self.size = size.size if isinstance(size, Axis) else size
 
     def to_slice(self) -> slice:
         """The equivalent static Python slice.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,9 +14,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .axis import Axis, AxisSelection, AxisSelector, AxisSpec, axis_name
+from ._util import ensure_tuple
+from .annotation import NamedArrayAxes, named_array_annotation
+from .axis import Axis, AxisSelection, AxisSelector, AxisSpec, axis_name, selects_axis
 from .axis import resolve_axis as _resolve_axis_in
-from .util import ensure_tuple
+
+
+# Late binding -- the ONE place where this module reaches up. ``core`` is the bottom layer (the NamedArray type and
+# its axis bookkeeping); reductions, rearrange, dot, sorting, ... are built on it. The method forms of those
+# operations (``x.sum("batch")``, ``x.dot(w, axis="embed")``) look them up in the package namespace at call time,
+# so no operation module is imported here and the package's import graph stays acyclic.
+def _api() -> Any:
+    """The package namespace ``ponente.namedtensor`` (imported at call time; see the comment above)."""
+    import ponente.namedtensor as api
+
+    return api
+
 
 __all__ = [
     "NamedArray",
@@ -183,8 +197,6 @@ class NamedArray:
 
     def has_axis(self, axis: AxisSelection) -> bool:
         """Whether every selected axis is present (with matching size where given)."""
-        from .axis import selects_axis
-
         return selects_axis(self.axes, axis)
 
     def axis_indices(self, axis: AxisSelection) -> Any:
@@ -226,26 +238,33 @@ class NamedArray:
     def __index__(self) -> int:
         return self.scalar().__index__()
 
-    def __jax_array__(self) -> jax.Array:
-        if self.axes:
-            raise TypeError(
-                f"only a NamedArray without axes converts implicitly to a JAX array; this one has axes "
-                f"{_fmt_axes(self.axes)}. Use `.array` (positional, in axis order) or `.rearrange(...)` first."
-            )
-        return self.array
-
     def __repr__(self) -> str:
         dtype = getattr(self.array, "dtype", None)
         return f"NamedArray(axes={_fmt_axes(self.axes)}, dtype={dtype}, array={self.array!r})"
 
-    def __class_getitem__(cls, item: Any) -> type:
-        """``NamedArray["batch embed"]``: an annotation naming the axes (``...`` allows any others).
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``NamedArray["batch embed"]``: ``Annotated[NamedArray, NamedArrayAxes]`` naming the axes.
 
-        The result supports ``isinstance``: ``isinstance(x, NamedArray["batch ..."])`` checks the names.
+        Accepts ``"batch embed"``, ``"batch ..."``, ``("batch", "embed")``, ``{"batch", "embed"}`` (any order),
+        ``{"batch", ...}`` (at least these). The result supports ``isinstance``: ``isinstance(x,
+        NamedArray["batch ..."])`` checks the names, as :meth:`matches_axes` does.
         """
-        from .annotation import named_array_annotation
-
         return named_array_annotation(cls, item)
+
+    def matches_axes(self, spec: Any) -> bool:
+        """Whether this array conforms to an axes spec or annotation (and its dtype, if the annotation has one).
+
+        Args:
+            spec: a spec such as ``"batch ..."`` or ``{"batch", "embed"}``, or an annotation such as
+                ``NamedArray["batch embed"]`` or ``haxtyping.f32["batch"]``.
+
+        Example:
+            >>> import ponente.namedtensor as hax
+            >>> x = hax.zeros({"batch": 2, "embed": 3})
+            >>> x.matches_axes(NamedArray["batch ..."]), x.matches_axes({"embed", "batch"}), x.matches_axes("embed")
+            (True, True, False)
+        """
+        return NamedArrayAxes.parse(spec).matches(self.axis_names, self.dtype)
 
     # indexing ---------------------------------------------------------------------------------------
     def __getitem__(self, idx: Any) -> NamedArray:
@@ -323,15 +342,11 @@ class NamedArray:
 
     def rearrange(self, *args: Any, **kwargs: Any) -> NamedArray:
         """See :func:`ponente.namedtensor.rearrange`."""
-        from .rearrange import rearrange
-
-        return rearrange(self, *args, **kwargs)
+        return _api().rearrange(self, *args, **kwargs)
 
     def dot(self, *args: Any, **kwargs: Any) -> NamedArray:
         """Contracts with other arrays; see :func:`ponente.namedtensor.dot`."""
-        from .dot import dot
-
-        return dot(self, *args, **kwargs)
+        return _api().dot(self, *args, **kwargs)
 
     def astype(self, dtype: Any) -> NamedArray:
         """The array with its elements converted to ``dtype``."""
@@ -342,131 +357,91 @@ class NamedArray:
         self, axis: AxisSelection | None = None, *, where: NamedArray | None = None, dtype: Any = None
     ) -> NamedArray:
         """See :func:`ponente.namedtensor.sum`."""
-        from . import reductions
-
-        return reductions.sum(self, axis, where=where, dtype=dtype)
+        return _api().sum(self, axis, where=where, dtype=dtype)
 
     def prod(
         self, axis: AxisSelection | None = None, *, where: NamedArray | None = None, dtype: Any = None
     ) -> NamedArray:
         """See :func:`ponente.namedtensor.prod`."""
-        from . import reductions
-
-        return reductions.prod(self, axis, where=where, dtype=dtype)
+        return _api().prod(self, axis, where=where, dtype=dtype)
 
     def mean(
         self, axis: AxisSelection | None = None, *, where: NamedArray | None = None, dtype: Any = None
     ) -> NamedArray:
         """See :func:`ponente.namedtensor.mean`."""
-        from . import reductions
-
-        return reductions.mean(self, axis, where=where, dtype=dtype)
+        return _api().mean(self, axis, where=where, dtype=dtype)
 
     def max(self, axis: AxisSelection | None = None, *, where: NamedArray | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.max`."""
-        from . import reductions
-
-        return reductions.max(self, axis, where=where)
+        return _api().max(self, axis, where=where)
 
     def min(self, axis: AxisSelection | None = None, *, where: NamedArray | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.min`."""
-        from . import reductions
-
-        return reductions.min(self, axis, where=where)
+        return _api().min(self, axis, where=where)
 
     def std(
         self, axis: AxisSelection | None = None, *, where: NamedArray | None = None, ddof: int = 0, dtype: Any = None
     ) -> NamedArray:
         """See :func:`ponente.namedtensor.std`."""
-        from . import reductions
-
-        return reductions.std(self, axis, where=where, ddof=ddof, dtype=dtype)
+        return _api().std(self, axis, where=where, ddof=ddof, dtype=dtype)
 
     def var(
         self, axis: AxisSelection | None = None, *, where: NamedArray | None = None, ddof: int = 0, dtype: Any = None
     ) -> NamedArray:
         """See :func:`ponente.namedtensor.var`."""
-        from . import reductions
-
-        return reductions.var(self, axis, where=where, ddof=ddof, dtype=dtype)
+        return _api().var(self, axis, where=where, ddof=ddof, dtype=dtype)
 
     def all(self, axis: AxisSelection | None = None, *, where: NamedArray | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.all`."""
-        from . import reductions
-
-        return reductions.all(self, axis, where=where)
+        return _api().all(self, axis, where=where)
 
     def any(self, axis: AxisSelection | None = None, *, where: NamedArray | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.any`."""
-        from . import reductions
-
-        return reductions.any(self, axis, where=where)
+        return _api().any(self, axis, where=where)
 
     def ptp(self, axis: AxisSelection | None = None, *, where: NamedArray | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.ptp`."""
-        from . import reductions
-
-        return reductions.ptp(self, axis, where=where)
+        return _api().ptp(self, axis, where=where)
 
     def argmax(self, axis: AxisSelector | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.argmax`."""
-        from . import reductions
-
-        return reductions.argmax(self, axis)
+        return _api().argmax(self, axis)
 
     def argmin(self, axis: AxisSelector | None = None) -> NamedArray:
         """See :func:`ponente.namedtensor.argmin`."""
-        from . import reductions
-
-        return reductions.argmin(self, axis)
+        return _api().argmin(self, axis)
 
     def cumsum(self, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
         """See :func:`ponente.namedtensor.cumsum`."""
-        from . import cumulative
-
-        return cumulative.cumsum(self, axis, dtype=dtype)
+        return _api().cumsum(self, axis, dtype=dtype)
 
     def cumprod(self, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
         """See :func:`ponente.namedtensor.cumprod`."""
-        from . import cumulative
-
-        return cumulative.cumprod(self, axis, dtype=dtype)
+        return _api().cumprod(self, axis, dtype=dtype)
 
     def sort(self, axis: AxisSelector) -> NamedArray:
         """See :func:`ponente.namedtensor.sort`."""
-        from . import sorting
-
-        return sorting.sort(self, axis)
+        return _api().sort(self, axis)
 
     def argsort(self, axis: AxisSelector) -> NamedArray:
         """See :func:`ponente.namedtensor.argsort`."""
-        from . import sorting
-
-        return sorting.argsort(self, axis)
+        return _api().argsort(self, axis)
 
     def clip(self, a_min: Any = None, a_max: Any = None) -> NamedArray:
         """See :func:`ponente.namedtensor.clip`."""
-        from . import ops
-
-        return ops.clip(self, a_min, a_max)
+        return _api().clip(self, a_min, a_max)
 
     def tril(self, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
         """See :func:`ponente.namedtensor.tril`."""
-        from . import ops
-
-        return ops.tril(self, axis1, axis2, k)
+        return _api().tril(self, axis1, axis2, k)
 
     def triu(self, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
         """See :func:`ponente.namedtensor.triu`."""
-        from . import ops
-
-        return ops.triu(self, axis1, axis2, k)
+        return _api().triu(self, axis1, axis2, k)
 
     def trace(self, axis1: AxisSelector, axis2: AxisSelector, offset: int = 0, dtype: Any = None) -> NamedArray:
         """See :func:`ponente.namedtensor.trace`."""
-        from . import ops
-
-        return ops.trace(self, axis1, axis2, offset=offset, dtype=dtype)
+        return _api().trace(self, axis1, axis2, offset=offset, dtype=dtype)
 
     def round(self, decimals: int = 0) -> NamedArray:
         """See :func:`ponente.namedtensor.round`."""
@@ -682,16 +657,20 @@ def _aligned(a: NamedArray, axes: tuple[Axis, ...]) -> jax.Array:
     return arr.reshape(new_shape) if len(new_shape) != arr.ndim else arr
 
 
-def _binary(op: Any, a: Any, b: Any) -> NamedArray:
+def _binary(op: Any, a: Any, b: Any) -> Any:
     if isinstance(a, NamedArray) and isinstance(b, NamedArray):
         if a.axes == b.axes:
             return NamedArray(op(a.array, b.array), a.axes)
         axes = _result_axes([a, b])
         return NamedArray(op(_aligned(a, axes), _aligned(b, axes)), axes)
-    if isinstance(a, NamedArray):
-        _check_positional_operand(b, getattr(op, "__name__", "operator"))
+    named, positional = (a, b) if isinstance(a, NamedArray) else (b, a)
+    if not named.axes and not _is_scalar_like(positional):
+        # a NamedArray without axes is a scalar: with a positional array the result is positional (there are no
+        # names to keep), e.g. a scanned 0-d slice added to a plain carry
+        return op(a.array if a is named else a, b.array if b is named else b)
+    _check_positional_operand(positional, getattr(op, "__name__", "operator"))
+    if a is named:
         return NamedArray(op(a.array, b), a.axes)
-    _check_positional_operand(a, getattr(op, "__name__", "operator"))
     return NamedArray(op(a, b.array), b.axes)
 
 
@@ -1007,6 +986,10 @@ def roll(array: NamedArray, shift: int | Sequence[int], axis: AxisSelection) -> 
         >>> roll(named(jnp.arange(4), "a"), 1, "a").array.tolist()
         [3, 0, 1, 2]
     """
+    if isinstance(shift, NamedArray):
+        if shift.axes:
+            raise TypeError(f"roll: a named shift must have no axes, got one with axes {_fmt_axes(shift.axes)}")
+        shift = shift.array
     if isinstance(axis, Axis | str):
         return NamedArray(jnp.roll(array.array, shift, array._index_of(axis)), array.axes)
     idx = tuple(array._index_of(ax) for ax in ensure_tuple(axis))  # type: ignore[arg-type]
@@ -1076,52 +1059,110 @@ def updated_slice(array: NamedArray, start: Mapping[AxisSelector, Any], update: 
     """Writes ``update`` into ``array`` at the given (possibly traced) starts, like ``lax.dynamic_update_slice``.
 
     ``update`` has a subset of ``array``'s axes (in any order); an axis it lacks is written at its start
-    index only (as if of size 1). Axes without a start begin at 0.
+    index only (as if of size 1). Axes without a start begin at 0. A start may be a named array of starts
+    (a *ragged* update): its axes must be axes of ``array``, and each element along them gets its own start,
+    e.g. one write position per sequence of a batch.
 
     Args:
         array: the named array to update.
-        start: ``{axis: start index}``.
+        start: ``{axis: start index}``; an index is an int, a traced integer scalar, or a named integer array.
         update: the values to write.
 
     Returns:
         The updated array.
 
     Raises:
-        ValueError: if ``update`` has an axis ``array`` lacks, or is larger along an axis.
+        ValueError: if ``update`` has an axis ``array`` lacks, is larger along an axis, or (static start) does not
+            fit; or if a start names an axis ``array`` lacks.
 
     Example:
         >>> import jax.numpy as jnp
         >>> x = named(jnp.zeros(5, int), "a")
         >>> updated_slice(x, {"a": 1}, named(jnp.array([7, 8]), "a")).array.tolist()
         [0, 7, 8, 0, 0]
+        >>> cache = named(jnp.zeros((2, 4), int), ("batch", "seq"))
+        >>> lengths = named(jnp.array([0, 2]), "batch")
+        >>> updated_slice(cache, {"seq": lengths}, named(jnp.array([5, 6]), "batch")).array.tolist()
+        [[5, 0, 0, 0], [0, 0, 6, 0]]
     """
     names = array.axis_names
+    starts: dict[str, Any] = {}
+    for key, value in start.items():
+        name = axis_name(key)
+        if name not in names:
+            raise ValueError(f"updated_slice: start given for axis {name!r}, which is not in {_fmt_axes(array.axes)}")
+        starts[name] = value.array if isinstance(value, NamedArray) and not value.axes else value
+    extra = [ax.name for ax in update.axes if ax.name not in names]
+    if extra:
+        raise ValueError(
+            f"updated_slice: the update has axes {extra} that are not in the original array with shape "
+            f"{_fmt_axes(array.axes)}"
+        )
     for ax in update.axes:
-        if ax.name not in names:
-            raise ValueError(
-                f"updated_slice: update axis {ax.name!r} is not in the array's axes {_fmt_axes(array.axes)}"
-            )
         if ax.size > array.axis_size(ax.name):
             raise ValueError(
                 f"updated_slice: update axis {ax.name!r} has size {ax.size} > {array.axis_size(ax.name)} in the array"
             )
-    starts = {axis_name(k): v for k, v in start.items()}
-    for k in starts:
-        if k not in names:
-            raise ValueError(f"updated_slice: start given for axis {k!r}, which is not in {_fmt_axes(array.axes)}")
+    for value in starts.values():
+        if isinstance(value, NamedArray):
+            for ax in value.axes:
+                if ax.name not in names:
+                    raise ValueError(
+                        f"updated_slice: the start indices have axis {ax.name!r}, which is not in the array's axes "
+                        f"{_fmt_axes(array.axes)}"
+                    )
+            return _ragged_updated_slice(array, starts, update, value.axes[0].name)
+    for name, s in starts.items():
+        if isinstance(s, int | np.integer):
+            length = update.axis_size(name) if name in update.axis_names else 1
+            if s < 0 or int(s) + length > array.axis_size(name):
+                raise ValueError(
+                    f"updated_slice: {length} element(s) starting at {int(s)} do not fit axis {name!r} of size "
+                    f"{array.axis_size(name)}"
+                )
     un = update.axis_names
     order = [un.index(n) for n in names if n in un]
     upd = jnp.transpose(update.array, order) if order != list(range(len(order))) else update.array
-    upd = upd.reshape([array.axis_size(n) if False else (update.axis_size(n) if n in un else 1) for n in names])
+    upd = upd.reshape([update.axis_size(n) if n in un else 1 for n in names])
     idx = [starts.get(n, 0) for n in names]
     return NamedArray(jax.lax.dynamic_update_slice(array.array, upd.astype(array.dtype), idx), array.axes)
+
+
+def _ragged_updated_slice(array: NamedArray, starts: dict[str, Any], update: NamedArray, name: str) -> NamedArray:
+    """:func:`updated_slice` mapped (``jax.vmap``) over axis ``name`` of the named start indices."""
+
+    def along(x: Any) -> bool:
+        return isinstance(x, NamedArray) and name in x.axis_names
+
+    def without(axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
+        return tuple(ax for ax in axes if ax.name != name)
+
+    keys = list(starts)
+    mapped = [starts[k].array if along(starts[k]) else None for k in keys]
+    start_dims = [starts[k].axis_names.index(name) if along(starts[k]) else None for k in keys]
+
+    def one(arr: jax.Array, raw_starts: list[Any], upd: Any) -> jax.Array:
+        inner: dict[AxisSelector, Any] = {
+            k: NamedArray(raw, without(starts[k].axes)) if along(starts[k]) else starts[k]
+            for k, raw in zip(keys, raw_starts)
+        }
+        inner_update = NamedArray(upd, without(update.axes)) if along(update) else update
+        return updated_slice(NamedArray(arr, without(array.axes)), inner, inner_update).array
+
+    pos = array.axis_names.index(name)
+    upd_dim = update.axis_names.index(name) if along(update) else None
+    out = jax.vmap(one, in_axes=(pos, start_dims, upd_dim))(
+        array.array, mapped, update.array if along(update) else None
+    )
+    return NamedArray(jnp.moveaxis(out, 0, pos), array.axes)
 
 
 def take(array: NamedArray, axis: AxisSelector, index: Any) -> NamedArray:
     """Selects elements along an axis by integer index (an int or a named array of indices).
 
-    With a named index, the axis is replaced (in place) by the index's axes that ``array`` lacks; index
-    axes that ``array`` also has are matched element-wise (a batched gather).
+    With a named index, ``axis`` is replaced by the index's axes. If the index shares no other axis with
+    ``array``, they take ``axis``'s place; otherwise the shared axes are matched element-wise (a batched
+    gather) and, as in Haliax, the index's other axes come first, followed by ``array``'s remaining axes.
 
     Args:
         array: the named array.
@@ -1137,7 +1178,15 @@ def take(array: NamedArray, axis: AxisSelector, index: Any) -> NamedArray:
         >>> take(emb, "vocab", named(jnp.array([2, 0]), "pos")).array.tolist()
         [[4, 5], [0, 1]]
     """
-    return array[{axis: index}]
+    name = array.resolve_axis(axis).name
+    out = array[{name: index}]
+    if not isinstance(index, NamedArray):
+        return out
+    if not any(ax.name != name and ax.name in array.axis_names for ax in index.axes):
+        return out
+    new = tuple(ax for ax in index.axes if ax.name == name or ax.name not in array.axis_names)
+    order = (*new, *(ax for ax in array.axes if ax.name != name))
+    return NamedArray(_aligned(out, order), order)
 
 
 def _normalize_index(array: NamedArray, idx: Any) -> dict[str, Any]:
@@ -1158,10 +1207,10 @@ def _normalize_index(array: NamedArray, idx: Any) -> dict[str, Any]:
     for ax, i in pairs:
         if not isinstance(ax, Axis | str):
             raise TypeError(f"index keys must be axes or axis names, got {ax!r}")
-        name = array.resolve_axis(ax).name
-        if name in out:
-            raise ValueError(f"axis {name!r} is indexed twice")
-        out[name] = i
+        resolved = array.resolve_axis(ax)
+        if resolved.name in out:
+            raise ValueError(f"axis {resolved.name!r} is indexed twice")
+        out[resolved.name] = _checked_index(resolved, i)
     return out
 
 
@@ -1175,62 +1224,119 @@ def _is_int_like(i: Any) -> bool:
     )
 
 
+def _checked_index(ax: Axis, i: Any) -> Any:
+    """Validates the index of axis ``ax``; a plain 1-D integer array becomes a named one along a same-named axis."""
+    from .axis import dslice
+
+    if isinstance(i, builtins_slice | dslice):
+        return i
+    if _is_int_like(i):
+        if isinstance(i, int | np.integer) and not -ax.size <= int(i) < ax.size:
+            raise IndexError(f"index {int(i)} is out of bounds for axis {ax.name!r} of size {ax.size}")
+        return i
+    if isinstance(i, NamedArray):
+        if not jnp.issubdtype(i.dtype, jnp.integer):
+            raise TypeError(f"index for axis {ax.name!r} must be an integer NamedArray, got dtype {i.dtype}")
+        return i
+    if isinstance(i, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in i):
+        i = np.asarray(i, dtype=np.int32)
+    if getattr(i, "ndim", None) == 1 and jnp.issubdtype(i.dtype, jnp.integer):
+        return NamedArray(jnp.asarray(i), (Axis(ax.name, i.shape[0]),))
+    raise TypeError(
+        f"unsupported index {i!r} for axis {ax.name!r}: use an int, a slice, hax.dslice, a NamedArray, or a 1-D "
+        "integer array (whose result axis keeps the name)"
+    )
+
+
+def _index_broadcast_axes(index_axes: Sequence[tuple[Axis, ...]]) -> tuple[Axis, ...]:
+    """The broadcast axes of advanced indices in Haliax's order: the largest index's axes, others' new axes first."""
+    sizes: dict[str, int] = {}
+    for axes in index_axes:
+        for ax in axes:
+            if sizes.setdefault(ax.name, ax.size) != ax.size:
+                raise ValueError(
+                    f"index arrays disagree on the size of axis {ax.name!r}: {sizes[ax.name]} vs {ax.size}"
+                )
+    ordered = sorted(index_axes, key=lambda axes: math.prod(ax.size for ax in axes), reverse=True)
+    result = ordered[0]
+    for axes in ordered[1:]:
+        big, small = (
+            (result, axes)
+            if math.prod(ax.size for ax in result) >= math.prod(ax.size for ax in axes)
+            else (axes, result)
+        )
+        big_names = {ax.name for ax in big}
+        result = (*(ax for ax in small if ax.name not in big_names), *big)
+    return tuple(result)
+
+
 def _plan_index(array: NamedArray, idx: Any) -> tuple[tuple[Axis, ...], dict[str, Any]]:
-    """Resolves an index to (result axes, {name: index}); indices are ints, slices, dslices or NamedArrays."""
+    """Resolves an index to (result axes, {name: index}), placing axes by NumPy's advanced-indexing rules.
+
+    Ints, named index arrays and dslices are *advanced* indices (a dslice gathers ``size`` elements along an axis
+    of the same name). The index arrays broadcast together by name; an axis of ``array`` that is not indexed but
+    appears in an index array is matched element-wise (it becomes advanced too). If the advanced indices are on
+    adjacent axes, their broadcast axes take that place; otherwise they come first (NumPy's rule; Haliax's too).
+    """
     from .axis import dslice
 
     norm = _normalize_index(array, idx)
-    named_idx: dict[str, NamedArray] = {}
-    kept: list[Axis] = []
-    for ax in array.axes:
-        if ax.name not in norm:
-            kept.append(ax)
-            continue
-        i = norm[ax.name]
-        if isinstance(i, builtins_slice):
-            n = len(range(*i.indices(ax.size)))
-            kept.append(Axis(ax.name, n))
-        elif isinstance(i, dslice):
-            if i.size > ax.size:
-                raise ValueError(f"dslice of size {i.size} is larger than axis {ax.name!r} of size {ax.size}")
-            kept.append(Axis(ax.name, i.size))
-        elif _is_int_like(i):
-            if isinstance(i, int | np.integer) and not -ax.size <= int(i) < ax.size:
-                raise IndexError(f"index {int(i)} is out of bounds for axis {ax.name!r} of size {ax.size}")
+    index_axes: list[tuple[Axis, ...]] = []
+    for name, i in norm.items():
+        if isinstance(i, dslice):
+            index_axes.append((Axis(name, i.size),))
         elif isinstance(i, NamedArray):
-            if not jnp.issubdtype(i.dtype, jnp.integer):
-                raise TypeError(f"index for axis {ax.name!r} must be an integer NamedArray, got dtype {i.dtype}")
-            named_idx[ax.name] = i
-            kept.append(ax)  # placeholder, replaced below
+            index_axes.append(i.axes)
+    index_names = {ax.name for axes in index_axes for ax in axes}
+    advanced: list[bool] = []
+    kept: list[Axis | None] = []
+    for ax in array.axes:
+        i = norm.get(ax.name, builtins_slice(None))
+        if not isinstance(i, builtins_slice):
+            advanced.append(True)
+            kept.append(None)
+        elif ax.name in index_names:
+            if i != builtins_slice(None):
+                raise ValueError(f"axis {ax.name!r} is sliced and also an axis of an index array; index it by one")
+            advanced.append(True)
+            kept.append(None)
+            index_axes.append((ax,))
         else:
-            raise TypeError(
-                f"unsupported index {i!r} for axis {ax.name!r}: use an int, a slice, hax.dslice, or a NamedArray"
-            )
-    if not named_idx:
-        return tuple(kept), norm
-    index_axes = _result_axes(list(named_idx.values()), require_subset=False)
-    non_indexed = {ax.name for ax in kept if ax.name not in named_idx}
-    new_axes = [ax for ax in index_axes if ax.name not in non_indexed]
-    for ax in index_axes:
-        if ax.name in non_indexed and {k.name: k.size for k in kept}[ax.name] != ax.size:
-            raise ValueError(f"index axis {ax.name!r} has size {ax.size} but the array's axis has another size")
-    out: list[Axis] = []
-    inserted = False
-    for ax in kept:
-        if ax.name in named_idx:
-            if not inserted:
-                out.extend(new_axes)
-                inserted = True
-        else:
-            out.append(ax)
-    clash = [a.name for a in new_axes if a.name in non_indexed]
-    if clash:
-        raise ValueError(f"index axes {clash} clash with the array's axes")
-    return tuple(out), norm
+            advanced.append(False)
+            kept.append(Axis(ax.name, len(range(*i.indices(ax.size)))))
+    kept_axes = [ax for ax in kept if ax is not None]
+    if not index_axes:
+        return tuple(kept_axes), norm
+    new_axes = _index_broadcast_axes(index_axes)
+    positions = [p for p, adv in enumerate(advanced) if adv]
+    if positions == list(range(positions[0], positions[-1] + 1)):
+        before = [ax for ax in kept[: positions[0]] if ax is not None]
+        after = [ax for ax in kept[positions[-1] + 1 :] if ax is not None]
+        return (*before, *new_axes, *after), norm
+    return (*new_axes, *kept_axes), norm
+
+
+def _dslice_window(arr: jax.Array, axis: int, start: Any, size: int) -> jax.Array:
+    """``size`` elements of ``arr`` from ``start`` along ``axis``, zeros where that runs outside the array."""
+    n = arr.shape[axis]
+    if isinstance(start, int | np.integer) and start >= 0 and int(start) + size <= n:
+        return jax.lax.slice_in_dim(arr, int(start), int(start) + size, axis=axis)
+    positions = start + jnp.arange(size)
+    valid = ((positions >= 0) & (positions < n)).reshape([size if d == axis else 1 for d in range(arr.ndim)])
+    if size > n:
+        window = jnp.take(arr, jnp.clip(positions, 0, n - 1), axis=axis)
+    else:
+        # a dynamic slice (cheap, unlike a gather) at the clamped start, rotated by how far the clamp moved it
+        clamped = jnp.clip(start, 0, n - size)
+        window = jnp.roll(jax.lax.dynamic_slice_in_dim(arr, clamped, size, axis=axis), clamped - start, axis=axis)
+    return jnp.where(valid, window, jnp.zeros((), arr.dtype))
 
 
 def _full_gather_index(array: NamedArray, out_axes: tuple[Axis, ...], norm: dict[str, Any]) -> tuple[Any, ...]:
-    """Integer index arrays (one per dimension of ``array``) that broadcast to ``out_axes``."""
+    """Integer index arrays (one per dimension of ``array``) that broadcast to ``out_axes``.
+
+    A dslice's positions outside the axis become ``size`` (out of bounds), for the ``fill``/``drop`` modes.
+    """
     from .axis import dslice
 
     out_names = [ax.name for ax in out_axes]
@@ -1246,7 +1352,8 @@ def _full_gather_index(array: NamedArray, out_axes: tuple[Axis, ...], norm: dict
         if isinstance(i, builtins_slice):
             result.append(along(ax.name, jnp.arange(ax.size)[i]))
         elif isinstance(i, dslice):
-            result.append(along(ax.name, i.start + jnp.arange(i.size)))
+            pos = i.start + jnp.arange(i.size)
+            result.append(along(ax.name, jnp.where((pos >= 0) & (pos < ax.size), pos, ax.size)))
         elif isinstance(i, NamedArray):
             result.append(_aligned(i, out_axes))
         else:
@@ -1254,25 +1361,22 @@ def _full_gather_index(array: NamedArray, out_axes: tuple[Axis, ...], norm: dict
     return tuple(result)
 
 
-def _simple_positional(array: NamedArray, norm: dict[str, Any]) -> tuple[Any, ...] | None:
-    """A positional index for ints and slices only (None if dslices/NamedArrays are involved)."""
-    pos = []
-    for ax in array.axes:
-        i = norm.get(ax.name, builtins_slice(None))
-        if not (isinstance(i, builtins_slice) or _is_int_like(i)):
-            return None
-        pos.append(i)
-    return tuple(pos)
+def _has_gather(norm: dict[str, Any]) -> bool:
+    from .axis import dslice
+
+    return any(isinstance(i, NamedArray | dslice) for i in norm.values())
 
 
 def index(array: NamedArray, slices: Any) -> NamedArray:
     """Indexes by axis name; the function behind ``array[...]``.
 
     ``slices`` is a ``{axis: index}`` dict or a tuple of ``(axis, index, axis, index, ...)``. An index is an
-    int (the axis disappears), a slice (the axis shrinks), a :func:`dslice` (traced start, static length),
-    or an integer ``NamedArray``. Named indices broadcast together by name; their axes that the array lacks
-    replace the indexed axes (at the position of the first one), and their axes that the array also has
-    are matched element-wise.
+    int (the axis disappears), a slice (the axis shrinks), a :func:`dslice` (traced start, static length; reads
+    past either end give zeros), an integer ``NamedArray``, or a plain 1-D integer array (a named array along an
+    axis of the indexed axis's name). Named indices broadcast together by name; their axes that the array also
+    has (and that are not indexed) are matched element-wise. The result's axes are placed by NumPy's rule for
+    advanced indices (ints, index arrays and dslices): where the indexed axes were if those are adjacent,
+    otherwise first.
 
     Args:
         array: the named array.
@@ -1289,30 +1393,36 @@ def index(array: NamedArray, slices: Any) -> NamedArray:
         >>> x = named(jnp.arange(6).reshape(2, 3), ("a", "b"))
         >>> x["a", 1, "b", 1:].array.tolist()
         [4, 5]
+        >>> from ponente.namedtensor import dslice
+        >>> x["b", dslice(2, 2)].array.tolist()
+        [[2, 0], [5, 0]]
     """
     from .axis import dslice
 
     out_axes, norm = _plan_index(array, slices)
-    simple = _simple_positional(array, norm)
-    if simple is not None:
-        return NamedArray(array.array[simple], out_axes)
-    named_idx = {k: v for k, v in norm.items() if isinstance(v, NamedArray)}
-    if not named_idx:
-        arr = array.array
-        for name, i in norm.items():
+    if any(isinstance(i, dslice) for i in norm.values()):
+        arr, axes = array.array, list(array.axes)
+        for name, i in list(norm.items()):
             if isinstance(i, dslice):
-                arr = jax.lax.dynamic_slice_in_dim(arr, i.start, i.size, axis=array.axis_names.index(name))
-        rest = tuple(
-            i if not isinstance(i, dslice) else builtins_slice(None)
-            for i in (norm.get(ax.name, builtins_slice(None)) for ax in array.axes)
-        )
-        return NamedArray(arr[rest], out_axes)
-    if len(named_idx) == 1 and all(isinstance(i, NamedArray) for i in norm.values()):
-        ((name, ix),) = named_idx.items()
-        shared = [ax for ax in ix.axes if ax.name in array.axis_names and ax.name != name]
-        if not shared:
+                p = array.axis_names.index(name)
+                arr = _dslice_window(arr, p, i.start, i.size)
+                axes[p] = Axis(name, i.size)
+                norm[name] = builtins_slice(None)
+        array = NamedArray(arr, tuple(axes))
+    named_idx = [(name, i) for name, i in norm.items() if isinstance(i, NamedArray)]
+    if not named_idx:
+        positional = tuple(norm.get(ax.name, builtins_slice(None)) for ax in array.axes)
+        arr = array.array[positional]
+        natural = [ax.name for ax in array.axes if not _is_int_like(norm.get(ax.name, builtins_slice(None)))]
+        return NamedArray(_aligned(NamedArray(arr, tuple(map(Axis, natural, arr.shape))), out_axes), out_axes)
+    others_whole = all(i == builtins_slice(None) for i in norm.values() if not isinstance(i, NamedArray))
+    if len(named_idx) == 1 and others_whole:
+        ((name, ix),) = named_idx
+        if not any(ax.name != name and ax.name in array.axis_names for ax in ix.axes):
             pos = array.axis_names.index(name)
-            return NamedArray(jnp.take(array.array, ix.array, axis=pos, mode="clip"), out_axes)
+            arr = jnp.take(array.array, ix.array, axis=pos, mode="clip")
+            natural_axes = (*array.axes[:pos], *ix.axes, *array.axes[pos + 1 :])
+            return NamedArray(_aligned(NamedArray(arr, natural_axes), out_axes), out_axes)
     return NamedArray(array.array[_full_gather_index(array, out_axes, norm)], out_axes)
 
 
@@ -1325,16 +1435,21 @@ class _NamedIndexUpdateHelper:
 
 
 class _NamedIndexUpdateRef:
-    """``x.at[idx]``: functional updates at a named index (like ``jax.Array.at``)."""
+    """``x.at[idx]``: functional updates at a named index (like ``jax.Array.at``).
+
+    Elements of a :func:`dslice` that fall outside the array read as zeros and are not written.
+    """
 
     def __init__(self, array: NamedArray, idx: Any) -> None:
+        from .axis import dslice
+
         self._array = array
         self._out_axes, self._norm = _plan_index(array, idx)
+        self._has_dslice = any(isinstance(i, dslice) for i in self._norm.values())
 
     def _positional(self) -> tuple[Any, ...]:
-        simple = _simple_positional(self._array, self._norm)
-        if simple is not None:
-            return simple
+        if not _has_gather(self._norm):
+            return tuple(self._norm.get(ax.name, builtins_slice(None)) for ax in self._array.axes)
         return _full_gather_index(self._array, self._out_axes, self._norm)
 
     def _values(self, values: Any) -> Any:
@@ -1344,11 +1459,15 @@ class _NamedIndexUpdateRef:
         return values
 
     def _apply(self, method: str, values: Any, **kwargs: Any) -> NamedArray:
+        if self._has_dslice:
+            kwargs.setdefault("mode", "drop")
         ref = self._array.array.at[self._positional()]
         return NamedArray(getattr(ref, method)(self._values(values), **kwargs), self._array.axes)
 
     def get(self, **kwargs: Any) -> NamedArray:
         """The indexed values (same as ``array[idx]``)."""
+        if self._has_dslice and "mode" not in kwargs:
+            kwargs.update(mode="fill", fill_value=0)
         return NamedArray(self._array.array.at[self._positional()].get(**kwargs), self._out_axes)
 
     def set(self, values: Any, **kwargs: Any) -> NamedArray:

@@ -90,27 +90,41 @@ def unique(
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def unique_values(array: NamedArray, Unique: Axis, *, fill_value: Any = None) -> NamedArray:
-    """The sorted unique values of all elements, padded to ``Unique.size``."""
-    return unique(array, Unique, fill_value=fill_value)  # type: ignore[return-value]
+def unique_values(
+    array: NamedArray, Unique: Axis, *, axis: AxisSelector | None = None, fill_value: Any = None
+) -> NamedArray:
+    """The sorted unique values (of all elements, or slices along ``axis``), padded to ``Unique.size``."""
+    return unique(array, Unique, axis=axis, fill_value=fill_value)  # type: ignore[return-value]
 
 
-def unique_counts(array: NamedArray, Unique: Axis, *, fill_value: Any = None) -> tuple[NamedArray, NamedArray]:
+def unique_counts(
+    array: NamedArray, Unique: Axis, *, axis: AxisSelector | None = None, fill_value: Any = None
+) -> tuple[NamedArray, NamedArray]:
     """``(values, counts)``: the unique values and how often each occurs (padding counts are 0)."""
-    return unique(array, Unique, return_counts=True, fill_value=fill_value)  # type: ignore[return-value]
+    return unique(array, Unique, return_counts=True, axis=axis, fill_value=fill_value)  # type: ignore[return-value]
 
 
-def unique_inverse(array: NamedArray, Unique: Axis, *, fill_value: Any = None) -> tuple[NamedArray, NamedArray]:
-    """``(values, inverse)``: the unique values, and for each element of ``array`` the slot of its value."""
-    return unique(array, Unique, return_inverse=True, fill_value=fill_value)  # type: ignore[return-value]
+def unique_inverse(
+    array: NamedArray, Unique: Axis, *, axis: AxisSelector | None = None, fill_value: Any = None
+) -> tuple[NamedArray, NamedArray]:
+    """``(values, inverse)``: the unique values, and for each element (or slice along ``axis``) its slot."""
+    return unique(array, Unique, return_inverse=True, axis=axis, fill_value=fill_value)  # type: ignore[return-value]
 
 
 def unique_all(
-    array: NamedArray, Unique: Axis, *, fill_value: Any = None
+    array: NamedArray, Unique: Axis, *, axis: AxisSelector | None = None, fill_value: Any = None
 ) -> tuple[NamedArray, NamedArray, NamedArray, NamedArray]:
-    """``(values, indices, inverse_indices, counts)`` as in the array API's ``unique_all``."""
+    """``(values, indices, inverse_indices, counts)`` as in the array API's ``unique_all``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> rows = hax.named(jnp.array([[1, 2], [3, 4], [1, 2]]), ("row", "col"))
+        >>> values, first, inverse, counts = hax.unique_all(rows, hax.Axis("u", 2), axis="row")
+        >>> values.array.tolist(), counts.array.tolist(), inverse.array.tolist()
+        ([[1, 2], [3, 4]], [2, 1], [0, 1, 0])
+    """
     return unique(  # type: ignore[return-value]
-        array, Unique, return_index=True, return_inverse=True, return_counts=True, fill_value=fill_value
+        array, Unique, return_index=True, return_inverse=True, return_counts=True, axis=axis, fill_value=fill_value
     )
 
 

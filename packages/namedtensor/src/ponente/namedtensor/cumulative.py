@@ -1,4 +1,8 @@
-"""Cumulative operations along a named axis: ``cumsum``, ``cumprod``, ``cummax``, ``cummin`` and ``nan*``."""
+"""Cumulative operations along a named axis: ``cumsum``, ``cumprod``, ``cummax``, ``cummin`` and ``nan*``.
+
+As in ``jax.numpy``, ``axis=None`` (``cumsum``, ``cumprod`` and their ``nan*`` forms) works on the flattened
+array and returns a plain one-dimensional array.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from .wrap import wrap_axiswise_call
 __all__ = ["cummax", "cummin", "cumprod", "cumsum", "nancumprod", "nancumsum"]
 
 
-def cumsum(a: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+def cumsum(a: NamedArray, axis: AxisSelector | None, *, dtype: Any = None) -> NamedArray:
     """Cumulative sum along ``axis`` (same axes as ``a``).
 
     Example:
@@ -25,17 +29,17 @@ def cumsum(a: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArra
     return wrap_axiswise_call(jnp.cumsum, a, axis, dtype=dtype)
 
 
-def cumprod(a: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+def cumprod(a: NamedArray, axis: AxisSelector | None, *, dtype: Any = None) -> NamedArray:
     """Cumulative product along ``axis`` (same axes as ``a``)."""
     return wrap_axiswise_call(jnp.cumprod, a, axis, dtype=dtype)
 
 
-def nancumsum(a: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+def nancumsum(a: NamedArray, axis: AxisSelector | None, *, dtype: Any = None) -> NamedArray:
     """Cumulative sum along ``axis``, treating NaNs as zero."""
     return wrap_axiswise_call(jnp.nancumsum, a, axis, dtype=dtype)
 
 
-def nancumprod(a: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+def nancumprod(a: NamedArray, axis: AxisSelector | None, *, dtype: Any = None) -> NamedArray:
     """Cumulative product along ``axis``, treating NaNs as one."""
     return wrap_axiswise_call(jnp.nancumprod, a, axis, dtype=dtype)
 

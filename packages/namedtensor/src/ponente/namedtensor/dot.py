@@ -10,14 +10,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .axis import Axis
+from .axis import Axis, PartialAxisSpec, rearrange_for_partial_order
 from .core import NamedArray
 
 __all__ = ["dot"]
 
 _MISSING: Any = object()
-
-PartialAxisSpec = Sequence[Axis | str | EllipsisType]
 
 
 def _name(ax: Axis | str) -> str:
@@ -38,11 +36,7 @@ def _all_axes(arrays: Sequence[NamedArray]) -> list[Axis]:
 
 
 def _partial_order(spec: PartialAxisSpec, natural: Sequence[Axis], what: str) -> list[Axis]:
-    """Order ``natural`` to follow ``spec``, whose ``...`` entries stand for the axes it does not name.
-
-    With several ``...``, an unnamed axis goes to the first ``...`` that comes after every named axis
-    preceding it in ``natural`` (the last ``...`` if there is none).
-    """
+    """Order ``natural`` to follow ``spec`` (see :func:`rearrange_for_partial_order`), with errors naming ``what``."""
     by_name = {ax.name: ax for ax in natural}
     named: list[str] = []
     for entry in spec:
@@ -57,31 +51,12 @@ def _partial_order(spec: PartialAxisSpec, natural: Sequence[Axis], what: str) ->
         if name in named:
             raise ValueError(f"{what}: axis {name!r} is listed twice in {tuple(spec)!r}")
         named.append(name)
-    slots = [i for i, entry in enumerate(spec) if entry is Ellipsis]
     unnamed = [ax for ax in natural if ax.name not in named]
-    if not slots:
-        if unnamed:
-            raise ValueError(
-                f"{what}: result axes {tuple(a.name for a in unnamed)} are not listed in {tuple(spec)!r}; add '...'"
-            )
-        return [by_name[n] for n in named]
-    spec_position = {_name(e): i for i, e in enumerate(spec) if not isinstance(e, EllipsisType)}
-    fill: dict[int, list[Axis]] = {s: [] for s in slots}
-    for k, ax in enumerate(natural):
-        if ax.name in named:
-            continue
-        before = [spec_position[a.name] for a in natural[:k] if a.name in spec_position]
-        latest = max(before, default=-1)
-        slot = next((s for s in slots if s > latest), slots[-1])
-        fill[slot].append(ax)
-    out: list[Axis] = []
-    for i, entry in enumerate(spec):
-        if entry is Ellipsis:
-            out.extend(fill[i])
-        else:
-            assert not isinstance(entry, EllipsisType)
-            out.append(by_name[_name(entry)])
-    return out
+    if unnamed and Ellipsis not in spec:
+        raise ValueError(
+            f"{what}: result axes {tuple(a.name for a in unnamed)} are not listed in {tuple(spec)!r}; add '...'"
+        )
+    return list(rearrange_for_partial_order(spec, tuple(natural)))
 
 
 def _contract(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import EllipsisType
 from typing import Any
 
 from ._parsing import AxisExpressionError, Capture, Side, parse_einsum
-from .axis import Axis
+from .axis import Axis, rearrange_for_partial_order
 from .core import NamedArray
 from .dot import _all_axes, _contract
 
@@ -31,8 +32,9 @@ def einsum(
       are not in the output are summed.
     * **unordered** ``"{d} -> q k"``: the braces name axes (by name); those named on the left and not
       on the right are contracted, every other axis is kept, the right side's axes last in its order.
-      With ``...`` on the left, everything not on the right is contracted; with ``...`` on the right,
-      it stands for the kept axes not listed.
+      With ``...`` on the left, everything not on the right is contracted; with ``...`` on the right
+      (possibly several times), it stands for the kept axes not listed, placed as
+      :func:`~ponente.namedtensor.axis.rearrange_for_partial_order` does.
     * **output-only** ``"-> b q k"``: exactly the listed axes are kept (``...``: every axis not listed),
       everything else is contracted.
 
@@ -60,24 +62,47 @@ def einsum(
         >>> hax.einsum("h w d, d -> h w", x, w).axes == hax.einsum("{d} -> h w", x, w).axes
         True
     """
-    lhses, unordered, rhs = parse_einsum(equation)
+    lhses, rhs = parse_einsum(equation)
     for i, a in enumerate(arrays):
         if not isinstance(a, NamedArray):
             raise TypeError(f"einsum: operand {i} is a {type(a).__name__}, not a NamedArray")
     if not arrays:
-        raise AxisExpressionError("einsum: needs at least one array", equation, None)
+        raise AxisExpressionError("einsum needs at least one array", equation, None)
+    output_only = len(lhses) == 1 and lhses[0].is_ordered and not lhses[0].captures
+    unordered = len(lhses) == 1 and not lhses[0].is_ordered
+    _check_form(equation, lhses, rhs, ordered=not (output_only or unordered))
     ctx = _Context(equation, axis_aliases, arrays)
-    if lhses:
-        out = _ordered(ctx, lhses, rhs)
-    elif unordered is not None:
-        out = _unordered(ctx, unordered, rhs)
-    else:
+    if output_only:
         out = _output_only(ctx, rhs)
-    unused = [a for a in axis_aliases if a not in ctx.used_aliases]
-    if unused:
-        raise AxisExpressionError(f"einsum: aliases {unused} do not occur in the equation", equation, None)
+    elif unordered:
+        out = _unordered(ctx, lhses[0], rhs)
+    else:
+        out = _ordered(ctx, lhses, rhs)
+    ctx.check_aliases_used()
     scope = f"einsum {equation}"
     return _contract(arrays, out, precision=precision, preferred_element_type=preferred_element_type, scope=scope)
+
+
+def _check_form(equation: str, lhses: list[Side], rhs: Side, ordered: bool) -> None:
+    """Errors for what the grammar allows but einsum does not."""
+    if len(lhses) > 1:
+        for side in lhses:
+            if not side.is_ordered:
+                raise AxisExpressionError(
+                    "an unordered '{...}' left-hand side must be the only one", equation, side.position
+                )
+    if not rhs.is_ordered:
+        raise AxisExpressionError("the output side must be ordered (no '{...}')", equation, rhs.position)
+    for side in [*lhses, rhs]:
+        for capture in side.captures:
+            if isinstance(capture, Capture) and capture.is_group:
+                raise AxisExpressionError(
+                    "Parenthesized groups are not supported in einsum", equation, capture.position
+                )
+        if ordered and len(side.ellipsis_positions) > 1:
+            raise AxisExpressionError(
+                "'...' may occur at most once per side in an ordered einsum", equation, side.ellipsis_positions[1]
+            )
 
 
 class _Context:
@@ -88,9 +113,10 @@ class _Context:
         self.arrays = arrays
         self.all_axes = _all_axes(arrays)
         self.by_name = {ax.name: ax for ax in self.all_axes}
+        self.unordered = False
 
     def error(self, message: str, position: int | None) -> AxisExpressionError:
-        return AxisExpressionError(f"einsum: {message}", self.equation, position)
+        return AxisExpressionError(message, self.equation, position)
 
     def label(self, capture: Capture | Any) -> str:
         assert isinstance(capture, Capture)
@@ -106,26 +132,42 @@ class _Context:
             self.used_aliases.add(label)
             name = alias if isinstance(alias, str) else alias.name
         if name not in self.by_name:
-            raise self.error(f"axis {name!r} is in none of the arrays {tuple(self.by_name)}", capture.position)
+            raise self.error(
+                f"Axis {name} not present (not found in any of the input arrays, whose axes are"
+                f" {tuple(self.by_name)})",
+                capture.position,
+            )
         axis = self.by_name[name]
         if isinstance(alias, Axis) and alias.size != axis.size:
             raise self.error(
-                f"alias {label}={alias} has size {alias.size} but the arrays have {axis}", capture.position
+                f"Size mismatch: alias {label}={alias} has size {alias.size} but the arrays have {axis}",
+                capture.position,
             )
         return axis
+
+    def check_aliases_used(self) -> None:
+        unused = [a for a in self.aliases if a not in self.used_aliases]
+        if not unused:
+            return
+        if self.unordered:
+            raise self.error(f"Axis alias {', '.join(unused)} not used in the equation", None)
+        raise self.error(f"Unused aliases from kwargs: {', '.join(unused)}", None)
 
 
 def _ordered(ctx: _Context, lhses: list[Side], rhs: Side) -> list[Axis]:
     arrays_axes = [tuple(a.axes) for a in ctx.arrays]
     if len(lhses) != len(arrays_axes):
-        raise ctx.error(f"the equation has {len(lhses)} operand groups but {len(arrays_axes)} arrays were given", None)
+        raise ctx.error(
+            f"Number of operand groups ({len(lhses)}) does not match number of arrays ({len(arrays_axes)})", None
+        )
     bound: dict[str, Axis] = {}
     ellipsis_axes: list[Axis] = []
     for k, (side, axes) in enumerate(zip(lhses, arrays_axes)):
         n_labels = sum(1 for c in side.captures if c is not Ellipsis)
         if (side.has_ellipsis and n_labels > len(axes)) or (not side.has_ellipsis and n_labels != len(axes)):
             raise ctx.error(
-                f"operand {k} has axes {tuple(a.name for a in axes)} but its group has {n_labels} labels",
+                f"Mismatched number of axes in einsum: operand {k} has axes {tuple(a.name for a in axes)} but its"
+                f" group has {n_labels} labels",
                 side.position,
             )
         split = side.captures.index(Ellipsis) if side.has_ellipsis else len(side.captures)
@@ -167,45 +209,40 @@ def _ordered(ctx: _Context, lhses: list[Side], rhs: Side) -> list[Axis]:
     return out
 
 
-def _names(ctx: _Context, side: Side) -> list[Axis]:
-    out: list[Axis] = []
+def _resolve_side(ctx: _Context, side: Side) -> list[Axis | EllipsisType]:
+    """The axes a by-name side lists (``...`` kept in place); an axis named twice is an error."""
+    out: list[Axis | EllipsisType] = []
     for capture in side.captures:
-        if capture is Ellipsis:
+        if not isinstance(capture, Capture):
+            out.append(Ellipsis)
             continue
-        assert isinstance(capture, Capture)
         ax = ctx.resolve(capture)
         if ax in out:
-            raise ctx.error(f"axis {ax.name!r} is named twice on one side", capture.position)
+            raise ctx.error(f"Axis {ax.name} occurs multiple times on one side", capture.position)
         out.append(ax)
     return out
 
 
+def _named(spec: list[Axis | EllipsisType]) -> list[Axis]:
+    return [ax for ax in spec if isinstance(ax, Axis)]
+
+
 def _unordered(ctx: _Context, lhs: Side, rhs: Side) -> list[Axis]:
-    named_left = _names(ctx, lhs)
-    named_right = _names(ctx, rhs)
+    ctx.unordered = True
+    named_left = _named(_resolve_side(ctx, lhs))
+    right = _resolve_side(ctx, rhs)
+    named_right = _named(right)
     if lhs.has_ellipsis and not rhs.has_ellipsis:
         return named_right
     contracted = {ax.name for ax in named_left} - {ax.name for ax in named_right}
-    rest = [ax for ax in ctx.all_axes if ax.name not in contracted and ax not in named_right]
-    if rhs.has_ellipsis:
-        return _fill_ellipsis(rhs, named_right, rest)
-    return rest + named_right
+    kept = [ax for ax in ctx.all_axes if ax.name not in contracted]
+    if not rhs.has_ellipsis:
+        right = [Ellipsis, *right]  # the kept axes not named on the right come first
+    return list(rearrange_for_partial_order(right, kept))
 
 
 def _output_only(ctx: _Context, rhs: Side) -> list[Axis]:
-    named = _names(ctx, rhs)
+    right = _resolve_side(ctx, rhs)
     if not rhs.has_ellipsis:
-        return named
-    rest = [ax for ax in ctx.all_axes if ax not in named]
-    return _fill_ellipsis(rhs, named, rest)
-
-
-def _fill_ellipsis(side: Side, named: list[Axis], rest: list[Axis]) -> list[Axis]:
-    out: list[Axis] = []
-    it = iter(named)
-    for capture in side.captures:
-        if capture is Ellipsis:
-            out.extend(rest)
-        else:
-            out.append(next(it))
-    return out
+        return _named(right)
+    return list(rearrange_for_partial_order(right, ctx.all_axes))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from .core import NamedArray
@@ -49,6 +50,7 @@ __all__ = [
     "ceil",
     "conj",
     "conjugate",
+    "copy",
     "copysign",
     "cos",
     "cosh",
@@ -61,6 +63,7 @@ __all__ = [
     "exp2",
     "expm1",
     "fabs",
+    "fix",
     "float_power",
     "floor",
     "floor_divide",
@@ -118,6 +121,7 @@ __all__ = [
     "right_shift",
     "rint",
     "round",
+    "rsqrt",
     "sign",
     "signbit",
     "sin",
@@ -244,6 +248,11 @@ def conjugate(a: NamedArray) -> NamedArray:
     return wrap_elemwise_unary(jnp.conjugate, a)
 
 
+def copy(a: NamedArray) -> NamedArray:
+    """Element-wise ``jax.numpy.copy``; the result has the axes of ``a``."""
+    return wrap_elemwise_unary(jnp.copy, a)
+
+
 def cos(a: NamedArray) -> NamedArray:
     """Element-wise ``jax.numpy.cos``; the result has the axes of ``a``."""
     return wrap_elemwise_unary(jnp.cos, a)
@@ -282,6 +291,11 @@ def expm1(a: NamedArray) -> NamedArray:
 def fabs(a: NamedArray) -> NamedArray:
     """Element-wise ``jax.numpy.fabs``; the result has the axes of ``a``."""
     return wrap_elemwise_unary(jnp.fabs, a)
+
+
+def fix(a: NamedArray) -> NamedArray:
+    """Element-wise rounding toward zero (NumPy's ``fix``); the result has the axes of ``a``."""
+    return wrap_elemwise_unary(jnp.trunc, a)
 
 
 def floor(a: NamedArray) -> NamedArray:
@@ -397,6 +411,17 @@ def reciprocal(a: NamedArray) -> NamedArray:
 def rint(a: NamedArray) -> NamedArray:
     """Element-wise ``jax.numpy.rint``; the result has the axes of ``a``."""
     return wrap_elemwise_unary(jnp.rint, a)
+
+
+def rsqrt(a: NamedArray) -> NamedArray:
+    """Element-wise reciprocal square root ``jax.lax.rsqrt``; the result has the axes of ``a``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> hax.rsqrt(hax.named(jnp.array([1.0, 4.0]), "a")).array.tolist()
+        [1.0, 0.5]
+    """
+    return wrap_elemwise_unary(jax.lax.rsqrt, a)
 
 
 def sign(a: NamedArray) -> NamedArray:

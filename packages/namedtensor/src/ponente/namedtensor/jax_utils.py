@@ -1,4 +1,4 @@
-"""Small JAX utilities: ``named_call``, key splitting helpers and ``is_in_jit``."""
+"""Small JAX utilities: ``named_call``, key splitting helpers, ``is_in_jit`` and ``tree_checkpoint_name``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-__all__ = ["is_in_jit", "maybe_rng_split", "named_call", "shaped_rng_split"]
+__all__ = ["is_in_jit", "maybe_rng_split", "named_call", "shaped_rng_split", "tree_checkpoint_name"]
+
+T = TypeVar("T")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,3 +119,26 @@ def is_in_jit() -> bool:
         False
     """
     return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+def tree_checkpoint_name(tree: T, name: str) -> T:
+    """Tag every array of ``tree`` (NamedArrays included) with ``name`` for gradient-checkpointing policies.
+
+    :func:`jax.ad_checkpoint.checkpoint_name` for a whole pytree. Inside a checkpointed scan body (``hax.scan`` with
+    ``remat=``, or a block of ``nn.Stacked``), a value tagged ``"h"`` is kept for the backward pass, instead of being
+    recomputed, when the :class:`~ponente.namedtensor.ScanCheckpointPolicy` lists ``"h"`` in
+    ``save_block_internals`` (or moved to host memory when it lists it in ``offload_block_internals``).
+
+    Args:
+        tree: a NamedArray, array or pytree of them; other leaves pass through.
+        name: the tag.
+
+    Returns:
+        ``tree`` with the same values, tagged.
+
+    Example:
+        >>> import ponente.namedtensor as hax
+        >>> tree_checkpoint_name({"h": hax.ones({"embed": 2}), "n": 3}, "h")["h"].shape
+        {'embed': 2}
+    """
+    return jax.tree_util.tree_map(lambda x: checkpoint_name(x, name) if eqx.is_array(x) else x, tree)

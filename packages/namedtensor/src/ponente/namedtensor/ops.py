@@ -11,7 +11,21 @@ import jax.numpy as jnp
 from .axis import Axis, AxisSelector
 from .core import NamedArray, _aligned, _check_positional_operand, _result_axes
 
-__all__ = ["allclose", "array_equal", "clip", "isclose", "pad", "trace", "tril", "triu", "where"]
+__all__ = [
+    "allclose",
+    "array_equal",
+    "array_equiv",
+    "clip",
+    "isclose",
+    "packbits",
+    "pad",
+    "pad_left",
+    "trace",
+    "tril",
+    "triu",
+    "unpackbits",
+    "where",
+]
 
 
 def _broadcast_raw(*operands: Any, what: str) -> tuple[tuple[Axis, ...], list[Any]]:
@@ -109,16 +123,40 @@ def array_equal(a1: NamedArray, a2: NamedArray) -> jax.Array | bool:
     return jnp.array_equal(a1.array, _aligned(a2, a1.axes))
 
 
+def array_equiv(a1: NamedArray, a2: NamedArray) -> bool:
+    """Whether two named arrays are equal after broadcasting one to the other by name.
+
+    Unlike :func:`array_equal`, the axes may differ as long as one array's axes are a subset of the other's
+    (same sizes); a scalar is equivalent to an array filled with it.
+
+    Example:
+        >>> import ponente.namedtensor as hax
+        >>> x = hax.ones({"a": 2, "b": 3})
+        >>> hax.array_equiv(x, hax.ones({"b": 3})), hax.array_equiv(x, hax.ones({"c": 4}))
+        (True, False)
+    """
+    try:
+        axes, (x, y) = _broadcast_raw(a1, a2, what="array_equiv")
+    except ValueError:
+        return False
+    return bool(jnp.array_equal(jnp.broadcast_to(x, _shape(axes)), jnp.broadcast_to(y, _shape(axes))))
+
+
+def _shape(axes: tuple[Axis, ...]) -> tuple[int, ...]:
+    return tuple(ax.size for ax in axes)
+
+
 def _triangle(fn: Any, array: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int) -> NamedArray:
     i, j = array._index_of(axis1), array._index_of(axis2)
-    moved = jnp.moveaxis(array.array, (i, j), (-2, -1))
-    return NamedArray(jnp.moveaxis(fn(moved, k), (-2, -1), (i, j)), array.axes)
+    axes = (*(ax for n, ax in enumerate(array.axes) if n not in (i, j)), array.axes[i], array.axes[j])
+    return NamedArray(fn(jnp.moveaxis(array.array, (i, j), (-2, -1)), k), axes)
 
 
 def tril(array: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
     """Zeroes the elements above the ``k``-th diagonal of the (``axis1``, ``axis2``) matrices.
 
-    ``axis1`` indexes rows and ``axis2`` columns, wherever they are in ``array``.
+    ``axis1`` indexes rows and ``axis2`` columns, wherever they are in ``array``. As in Haliax, the result has
+    the other axes first (in their order), then ``axis1``, then ``axis2``.
 
     Example:
         >>> import jax.numpy as jnp, ponente.namedtensor as hax
@@ -129,7 +167,10 @@ def tril(array: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0
 
 
 def triu(array: NamedArray, axis1: AxisSelector, axis2: AxisSelector, k: int = 0) -> NamedArray:
-    """Zeroes the elements below the ``k``-th diagonal of the (``axis1`` rows, ``axis2`` columns) matrices."""
+    """Zeroes the elements below the ``k``-th diagonal of the (``axis1`` rows, ``axis2`` columns) matrices.
+
+    The result's axes are ordered as in :func:`tril`.
+    """
     return _triangle(jnp.triu, array, axis1, axis2, k)
 
 
@@ -182,3 +223,68 @@ def pad(
     arr = jnp.pad(array.array, widths, mode=mode, **kwargs)
     axes = tuple(ax.resize(ax.size + w[0] + w[1]) for ax, w in zip(array.axes, widths))
     return NamedArray(arr, axes)
+
+
+def pad_left(array: NamedArray, axis: AxisSelector, new_axis: Axis, value: Any = 0) -> NamedArray:
+    """Pads ``axis`` at its start with ``value`` so that it becomes ``new_axis`` (which must not be smaller).
+
+    Args:
+        array: the named array.
+        axis: the axis to pad.
+        new_axis: the padded axis (its name and size replace ``axis``'s, in place).
+        value: the fill value.
+
+    Returns:
+        The padded array.
+
+    Raises:
+        ValueError: if ``new_axis`` is smaller than ``axis``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> hax.pad_left(hax.named(jnp.ones(2), "a"), "a", hax.Axis("a", 4)).array.tolist()
+        [0.0, 0.0, 1.0, 1.0]
+    """
+    i = array._index_of(axis)
+    old = array.axes[i]
+    extra = new_axis.size - old.size
+    if extra < 0:
+        raise ValueError(f"pad_left: cannot pad axis {old} to the smaller {new_axis}")
+    widths = [(0, 0)] * array.ndim
+    widths[i] = (extra, 0)
+    arr = jnp.pad(array.array, widths, constant_values=value)
+    return NamedArray(arr, (*array.axes[:i], new_axis, *array.axes[i + 1 :]))
+
+
+def packbits(a: NamedArray, axis: AxisSelector, *, bitorder: str = "big") -> NamedArray:
+    """Packs the (boolean or 0/1) elements along ``axis`` into ``uint8`` bytes, like ``jnp.packbits``.
+
+    The axis keeps its name and shrinks to ``ceil(size / 8)``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> bits = hax.named(jnp.array([1, 0, 0, 0, 0, 0, 0, 1, 1], dtype=jnp.uint8), "b")
+        >>> hax.packbits(bits, "b").array.tolist()
+        [129, 128]
+    """
+    i = a._index_of(axis)
+    old = a.axes[i]
+    arr = jnp.packbits(a.array, axis=i, bitorder=bitorder)
+    return NamedArray(arr, (*a.axes[:i], old.resize(arr.shape[i]), *a.axes[i + 1 :]))
+
+
+def unpackbits(a: NamedArray, axis: AxisSelector, *, count: int | None = None, bitorder: str = "big") -> NamedArray:
+    """Unpacks the ``uint8`` elements along ``axis`` into bits, like ``jnp.unpackbits``.
+
+    The axis keeps its name and grows to ``8 * size`` (or ``count`` if given).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> packed = hax.named(jnp.array([129], dtype=jnp.uint8), "b")
+        >>> hax.unpackbits(packed, "b", count=3).array.tolist()
+        [1, 0, 0]
+    """
+    i = a._index_of(axis)
+    old = a.axes[i]
+    arr = jnp.unpackbits(a.array, axis=i, count=count, bitorder=bitorder)
+    return NamedArray(arr, (*a.axes[:i], old.resize(arr.shape[i]), *a.axes[i + 1 :]))

@@ -48,6 +48,7 @@ __all__ = [
     "pspec_for",
     "pspec_for_axis",
     "round_axis_for_partitioning",
+    "set_mesh",
     "shard",
     "shard_with_axis_mapping",
     "sharding_for_axis",
@@ -179,6 +180,25 @@ def current_mesh() -> Mesh | None:
     if isinstance(mesh, Mesh) and not mesh.empty:
         return mesh
     return _legacy_mesh()
+
+
+def set_mesh(mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
+    """Make ``mesh`` the current mesh inside a ``with`` block (``jax.set_mesh``, under Haliax's name).
+
+    :func:`shard`, :func:`named_jit` and the query functions find the mesh there when none is passed.
+
+    Args:
+        mesh: the device mesh.
+
+    Returns:
+        A context manager; leaving it restores the previous mesh.
+
+    Example:
+        >>> with set_mesh(make_mesh({"data": -1})):
+        ...     current_mesh().axis_names
+        ('data',)
+    """
+    return jax.set_mesh(mesh)
 
 
 def _mesh_shape(mesh: Mesh | AbstractMesh | None) -> Mapping[str, int]:
@@ -398,13 +418,76 @@ def _is_named(x: Any) -> bool:
     return isinstance(x, NamedArray)
 
 
+def _is_array_like(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+
+
+def _declared_axis_names(module: eqx.Module) -> dict[str, tuple[str, ...]]:
+    """Fields of ``module`` declared with ``field(axis_names=...)``: field name -> axis names."""
+    declared = {}
+    for f in dataclasses.fields(module):
+        names = f.metadata.get("axis_names")
+        if names is not None:
+            declared[f.name] = (names,) if isinstance(names, str) else tuple(names)
+    return declared
+
+
+def _map_arrays(fn: Callable[[Any, tuple[str, ...] | None], Any], tree: Any) -> Any:
+    """Apply ``fn(leaf, names)`` to every leaf of ``tree`` (NamedArrays are leaves).
+
+    ``names`` are the leaf's axis names: a NamedArray's own, the ``axis_names`` declared for the module field
+    (see :func:`ponente.namedtensor.field`) that holds a plain array, or None for every other leaf.
+    """
+
+    def visit(node: Any) -> Any:
+        if isinstance(node, NamedArray):
+            return fn(node, node.axis_names)
+        if isinstance(node, eqx.Module):
+            return visit_module(node)
+        return fn(node, None)
+
+    def visit_module(module: eqx.Module) -> Any:
+        declared = _declared_axis_names(module)
+        if not declared:
+            return jax.tree_util.tree_map(visit, module, is_leaf=lambda x: x is not module and _is_named_or_module(x))
+        children, treedef = jax.tree_util.tree_flatten_with_path(module, is_leaf=lambda x: x is not module)
+        out = []
+        for path, child in children:
+            field_name = getattr(path[0], "name", None) if path else None
+            names = declared.get(field_name) if isinstance(field_name, str) else None
+            if names is not None and _is_array_like(child):
+                if len(names) != np.ndim(child):
+                    raise ValueError(
+                        f"{type(module).__name__}.{field_name}: field(axis_names={names}) names {len(names)} axes, "
+                        f"but the array has shape {np.shape(child)}"
+                    )
+                out.append(fn(child, names))
+            else:
+                out.append(jax.tree_util.tree_map(visit, child, is_leaf=_is_named_or_module))
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    return jax.tree_util.tree_map(visit, tree, is_leaf=_is_named_or_module)
+
+
+def _is_named_or_module(x: Any) -> bool:
+    return isinstance(x, (NamedArray, eqx.Module))
+
+
+def _replicated(x: Any) -> PartitionSpec:
+    return PartitionSpec(*(None,) * np.ndim(x))
+
+
 def pspec_for(
     tree: Any,
     resource_mapping: ResourceMapping | None = None,
     preserve_existing_shardings: bool = True,
     use_auto_sharding: bool = True,
 ) -> Any:
-    """The PartitionSpec of every NamedArray of ``tree`` (other array leaves: replicated, or their own sharding).
+    """The PartitionSpec of every NamedArray and array of ``tree``.
+
+    NamedArrays, and plain arrays in module fields declared with ``field(axis_names=...)``, are
+    partitioned by the mapping; other arrays are replicated, or keep the spec of their NamedSharding when
+    ``preserve_existing_shardings``.
 
     Args:
         tree: a pytree (modules included) of NamedArrays, arrays and other values.
@@ -416,6 +499,10 @@ def pspec_for(
         A pytree with the structure of ``tree`` (NamedArrays as leaves) holding a PartitionSpec for
         each NamedArray and array, and None for other leaves.
 
+    Raises:
+        ValueError: if a field's declared ``axis_names`` do not match its array's rank, or as
+            :func:`pspec_for_axis`.
+
     Example:
         >>> import ponente.namedtensor as hax
         >>> pspec_for({"w": hax.zeros({"embed": 4, "mlp": 8})}, {"mlp": "model"})
@@ -424,18 +511,18 @@ def pspec_for(
     del use_auto_sharding
     mapping = _resolve_mapping(resource_mapping)
 
-    def spec(leaf: Any) -> Any:
-        if isinstance(leaf, NamedArray):
-            return pspec_for_axis(leaf.axes, mapping)
+    def spec(leaf: Any, names: tuple[str, ...] | None) -> Any:
+        if names is not None:
+            return pspec_for_axis(names, mapping)
         if isinstance(leaf, jax.Array) and preserve_existing_shardings:
             sharding = getattr(leaf, "sharding", None)
             if isinstance(sharding, NamedSharding):
                 return sharding.spec
-        if isinstance(leaf, (jax.Array, np.ndarray)):
-            return PartitionSpec()
+        if _is_array_like(leaf):
+            return _replicated(leaf)
         return None
 
-    return jax.tree_util.tree_map(spec, tree, is_leaf=_is_named)
+    return _map_arrays(spec, tree)
 
 
 def infer_resource_partitions(
@@ -447,7 +534,8 @@ def infer_resource_partitions(
 ) -> Any:
     """The :class:`NamedSharding` of every NamedArray and array of ``tree``, for ``jax.jit``/``device_put``.
 
-    NamedArrays are sharded by ``resource_mapping``; plain arrays keep their existing sharding when
+    NamedArrays, and plain arrays in module fields declared with ``field(axis_names=...)``, are sharded
+    by ``resource_mapping``; other plain arrays keep their existing sharding when
     ``preserve_existing_shardings`` (and it lives on ``mesh``), otherwise they are replicated. Other
     leaves give None.
 
@@ -462,7 +550,7 @@ def infer_resource_partitions(
         A pytree with the structure of ``tree`` (NamedArrays as leaves) of shardings and Nones.
 
     Raises:
-        ValueError: if there is no mesh.
+        ValueError: if there is no mesh, or as :func:`pspec_for`.
     """
     del use_auto_sharding
     resolved = mesh if mesh is not None else current_mesh()
@@ -470,45 +558,77 @@ def infer_resource_partitions(
         raise ValueError("infer_resource_partitions: no device mesh; pass mesh=... or use jax.set_mesh(mesh)")
     mapping = _resolve_mapping(resource_mapping)
 
-    def sharding(leaf: Any) -> Any:
-        if isinstance(leaf, NamedArray):
-            return NamedSharding(resolved, pspec_for_axis(leaf.axes, mapping))
+    def sharding(leaf: Any, names: tuple[str, ...] | None) -> Any:
+        if names is not None:
+            return NamedSharding(resolved, pspec_for_axis(names, mapping))
         if isinstance(leaf, jax.Array) and preserve_existing_shardings:
             existing = getattr(leaf, "sharding", None)
             if isinstance(existing, NamedSharding) and existing.mesh == resolved:
                 return existing
-        if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)):
-            return NamedSharding(resolved, PartitionSpec())
+        if _is_array_like(leaf):
+            return NamedSharding(resolved, _replicated(leaf))
         return None
 
-    return jax.tree_util.tree_map(sharding, tree, is_leaf=_is_named)
+    return _map_arrays(sharding, tree)
 
 
 def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def _check_divisible(leaf: NamedArray, spec: PartitionSpec, shape: Mapping[str, int]) -> None:
-    for ax, entry in zip(leaf.axes, spec):
+def _check_divisible(names: Sequence[str], shape: Sequence[int], spec: PartitionSpec, mesh: Mesh) -> None:
+    for name, size, entry in zip(names, shape, spec):
         if entry is None:
             continue
-        names = (entry,) if isinstance(entry, str) else tuple(entry)
-        for name in names:
-            if name not in shape:
-                raise ValueError(f"axis {ax.name!r} is mapped to mesh axis {name!r}, but the mesh has {list(shape)}")
-        shards = math.prod(shape[n] for n in names)
-        if ax.size % shards != 0:
+        physical = (entry,) if isinstance(entry, str) else tuple(entry)
+        for p in physical:
+            if p not in mesh.shape:
+                raise ValueError(f"axis {name!r} is mapped to mesh axis {p!r}, but the mesh has {list(mesh.shape)}")
+        shards = math.prod(mesh.shape[p] for p in physical)
+        if size % shards != 0:
             raise ValueError(
-                f"cannot shard axis {ax.name!r} of size {ax.size} over mesh axes {names} ({shards} shards): "
-                f"{ax.size} is not divisible by {shards}; pad it with round_axis_for_partitioning"
+                f"cannot shard axis {name!r} of size {size} over mesh axes {physical} ({shards} shards): "
+                f"{size} is not divisible by {shards}; pad it with round_axis_for_partitioning"
             )
+
+
+def _only(spec: PartitionSpec, keep: frozenset[str]) -> PartitionSpec:
+    """``spec`` with every mesh axis not in ``keep`` removed."""
+    entries: list[Any] = []
+    for entry in spec:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept = tuple(n for n in names if n in keep)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*entries)
+
+
+def _constrain(array: Any, spec: PartitionSpec, mesh: Mesh | AbstractMesh, concrete: bool) -> Any:
+    """Lay out a traced ``array`` by ``spec``: a sharding constraint over Auto mesh axes, a reshard over Explicit ones.
+
+    ``with_sharding_constraint`` only accepts Auto axes, and ``reshard`` only Explicit ones; on a mesh with
+    both, each moves its own part of ``spec``.
+    """
+    explicit = frozenset(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit)
+
+    def target(s: PartitionSpec) -> Any:
+        return NamedSharding(mesh, s) if concrete else s
+
+    if not explicit:
+        return jax.lax.with_sharding_constraint(array, target(spec))
+    array = jax.sharding.reshard(array, target(_only(spec, explicit)))
+    auto = frozenset(mesh.axis_names) - explicit
+    if auto:
+        array = jax.lax.with_sharding_constraint(array, target(_only(spec, auto)))
+    return array
 
 
 def shard(x: Any, mapping: ResourceMapping | None = None, mesh: Mesh | None = None) -> Any:
     """Shard every NamedArray of ``x`` by its axis names; works inside and outside ``jit``.
 
-    Inside ``jit`` this adds a sharding constraint (``jax.lax.with_sharding_constraint``); outside it
-    moves the data (``jax.device_put``). Plain arrays and other leaves are returned unchanged. With no
+    Inside ``jit`` this adds a sharding constraint (``jax.lax.with_sharding_constraint``; over mesh axes
+    of type ``Explicit`` it reshards with ``jax.sharding.reshard``); outside it moves the data
+    (``jax.device_put``). Plain arrays are sharded only when a module field declared with
+    ``field(axis_names=...)`` holds them; they and other leaves are otherwise returned unchanged. With no
     mesh anywhere (a single-device program) there is nothing to shard onto and ``x`` is returned as is.
 
     Args:
@@ -543,20 +663,25 @@ def _shard(x: Any, mapping: ResourceMapping, mesh: Mesh | None) -> Any:
     if concrete is None and (abstract is None or abstract.empty):
         return x
 
-    def one(leaf: Any) -> Any:
-        if not isinstance(leaf, NamedArray):
-            return leaf
-        spec = pspec_for_axis(leaf.axes, mapping)
-        if _is_tracer(leaf.array):
-            target: Any = NamedSharding(concrete, spec) if concrete is not None else spec
-            return NamedArray.tree_unflatten(leaf.axes, [jax.lax.with_sharding_constraint(leaf.array, target)])
-        if concrete is None:  # eager code with only an abstract mesh cannot place data
-            return leaf
-        _check_divisible(leaf, spec, concrete.shape)
-        placed = jax.device_put(leaf.array, NamedSharding(concrete, spec))
-        return NamedArray.tree_unflatten(leaf.axes, [placed])
+    target_mesh: Any = concrete if concrete is not None else abstract
 
-    return jax.tree_util.tree_map(one, x, is_leaf=_is_named)
+    def place(array: Any, names: Sequence[str]) -> Any:
+        spec = pspec_for_axis(names, mapping)
+        if _is_tracer(array):
+            return _constrain(array, spec, target_mesh, concrete is not None)
+        if concrete is None or not isinstance(array, (jax.Array, np.ndarray)):
+            return array  # eager code with only an abstract mesh cannot place data; nor can a non-array be placed
+        _check_divisible(names, np.shape(array), spec, concrete)
+        return jax.device_put(array, NamedSharding(concrete, spec))
+
+    def one(leaf: Any, names: tuple[str, ...] | None) -> Any:
+        if names is None:
+            return leaf
+        if isinstance(leaf, NamedArray):
+            return NamedArray.tree_unflatten(leaf.axes, [place(leaf.array, names)])
+        return place(leaf, names)
+
+    return _map_arrays(one, x)
 
 
 def shard_with_axis_mapping(x: Any, mapping: ResourceMapping, mesh: Mesh | None = None) -> Any:
@@ -759,7 +884,7 @@ class _NamedJit:
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Compiled, list[Any], list[Any]]:
         compute = self.axis_resources if self.axis_resources is not None else current_thread_local_mapping()
-        in_mapping = self.in_axis_resources if self.in_axis_resources is not None else compute
+        in_mapping = self.in_axis_resources
         out_mapping = self.out_axis_resources if self.out_axis_resources is not None else compute
         mesh = current_mesh()
         # one flatten per call: array leaves are traced, the rest (and the structure) is the static key
@@ -813,16 +938,17 @@ def named_jit(
     Python numbers, strings, functions, module configuration) is static and part of the compilation
     cache key, as in ``equinox.filter_jit``. Inside the function, ``axis_resources`` is the current
     :func:`axis_mapping`, so :func:`shard`/:func:`auto_sharded` in model code use it. Inputs are
-    constrained to ``in_axis_resources`` and outputs to ``out_axis_resources`` (both default to
-    ``axis_resources``; with no mapping at all the call is a plain ``jit``). The mesh is the current
-    one at call time (``jax.set_mesh``), passed on to the traced code. One compiled function is kept
-    per distinct static part, mappings and mesh; ``jax.jit`` caches per input shape and dtype.
+    constrained to ``in_axis_resources`` (default: they keep the shardings they have) and outputs to
+    ``out_axis_resources`` (default: ``axis_resources``; with no mapping at all the call is a plain
+    ``jit``). The mesh is the current one at call time (``jax.set_mesh``), passed on to the traced code.
+    One compiled function is kept per distinct static part, mappings and mesh; ``jax.jit`` caches per
+    input shape and dtype.
 
     Args:
         fn: the function (omit to use ``named_jit(...)`` as a decorator).
         axis_resources: the compute mapping (default: the one from :func:`axis_mapping` at call time).
-        in_axis_resources: the mapping for the arguments.
-        out_axis_resources: the mapping for the results.
+        in_axis_resources: the mapping for the arguments (default: none; arguments keep their shardings).
+        out_axis_resources: the mapping for the results (default: ``axis_resources``).
         donate_args: which positional arguments to donate: one bool for all, or a tuple with one bool
             (or a pytree prefix of bools) per argument. Donated buffers may be reused for outputs.
         donate_kwargs: which keyword arguments to donate: one bool for all, or ``{name: bool}``.

@@ -333,8 +333,9 @@ def ball(key: jax.Array, shape: Shape, D: Axis, p: float = 2.0, dtype: Any = Non
 def categorical(key: jax.Array, logits: NamedArray, axis: AxisSelector, shape: Shape | None = None) -> NamedArray:
     """Indices along ``axis`` drawn with probabilities ``softmax(logits)``; as :func:`jax.random.categorical`.
 
-    The logits are arranged as ``shape + (axis,)`` and passed to ``jax.random.categorical`` with
-    ``axis=-1``.
+    JAX's draws depend on where the category axis sits, so (as Haliax does) ``logits`` keeps its layout when
+    its other axes are in the order of ``shape``: axes of ``shape`` that it lacks are added in front. Otherwise it is
+    arranged as ``shape + (axis,)``.
 
     Args:
         key: a PRNG key.
@@ -351,8 +352,13 @@ def categorical(key: jax.Array, logits: NamedArray, axis: AxisSelector, shape: S
     axes = batch if shape is None else _axes(shape)
     if any(ax.name == event.name for ax in axes):
         raise ValueError(f"random.categorical: the shape {axes} must not contain the category axis {event.name!r}")
-    raw = _broadcast(logits, (*axes, event), "categorical")
-    return NamedArray(jax.random.categorical(key, raw, axis=-1, shape=_positional(axes)), axes)
+    names = set(logits.axis_names)
+    full = (*(ax for ax in axes if ax.name not in names), *logits.axes)
+    if tuple(ax for ax in full if ax.name != event.name) == tuple(axes):
+        raw, pos = jnp.broadcast_to(logits.array, _positional(full)), full.index(event)
+    else:
+        raw, pos = _broadcast(logits, (*axes, event), "categorical"), -1
+    return NamedArray(jax.random.categorical(key, raw, axis=pos, shape=_positional(axes)), axes)
 
 
 def choice(

@@ -17,6 +17,8 @@ from .wrap import wrap_reduction_call
 
 __all__ = [
     "all",
+    "amax",
+    "amin",
     "any",
     "argmax",
     "argmin",
@@ -33,6 +35,7 @@ __all__ = [
     "nansum",
     "nanvar",
     "prod",
+    "product",
     "ptp",
     "std",
     "sum",
@@ -81,6 +84,13 @@ def prod(
     return wrap_reduction_call(jnp.prod, array, axis, where, dtype=dtype)
 
 
+def product(
+    array: NamedArray, axis: AxisSelection | None = None, *, where: Where = None, dtype: Any = None
+) -> NamedArray:
+    """Alias of :func:`prod`."""
+    return prod(array, axis, where=where, dtype=dtype)
+
+
 def mean(
     array: NamedArray, axis: AxisSelection | None = None, *, where: Where = None, dtype: Any = None
 ) -> NamedArray:
@@ -96,6 +106,22 @@ def max(array: NamedArray, axis: AxisSelection | None = None, *, where: Where = 
 def min(array: NamedArray, axis: AxisSelection | None = None, *, where: Where = None) -> NamedArray:
     """Minimum over ``axis`` (all axes if None); masked-out elements are ignored (``inf`` if all are)."""
     return wrap_reduction_call(_masked_extreme(jnp.min, False), array, axis, where)
+
+
+def amax(array: NamedArray, axis: AxisSelection | None = None, *, where: Where = None) -> NamedArray:
+    """Alias of :func:`max` (as ``jnp.amax`` is of ``jnp.max``).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> hax.amax(hax.named(jnp.array([[1, 5], [3, 2]]), ("a", "b")), "a").array.tolist()
+        [3, 5]
+    """
+    return max(array, axis, where=where)
+
+
+def amin(array: NamedArray, axis: AxisSelection | None = None, *, where: Where = None) -> NamedArray:
+    """Alias of :func:`min` (as ``jnp.amin`` is of ``jnp.min``)."""
+    return min(array, axis, where=where)
 
 
 def ptp(array: NamedArray, axis: AxisSelection | None = None, *, where: Where = None) -> NamedArray:

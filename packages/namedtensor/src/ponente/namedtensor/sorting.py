@@ -1,4 +1,8 @@
-"""Sorting along a named axis: ``sort``, ``argsort``, ``top_k``, ``searchsorted``."""
+"""Sorting along a named axis: ``sort``, ``argsort``, ``top_k``, ``searchsorted``.
+
+As in ``jax.numpy``, ``sort``/``argsort`` with ``axis=None`` work on the flattened array and return a plain
+one-dimensional array.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from .wrap import wrap_axiswise_call
 __all__ = ["argsort", "searchsorted", "sort", "top_k"]
 
 
-def sort(a: NamedArray, axis: AxisSelector) -> NamedArray:
+def sort(a: NamedArray, axis: AxisSelector | None) -> NamedArray:
     """Sorts along ``axis`` (ascending); keeps the axes.
 
     Example:
@@ -25,7 +29,7 @@ def sort(a: NamedArray, axis: AxisSelector) -> NamedArray:
     return wrap_axiswise_call(jnp.sort, a, axis)
 
 
-def argsort(a: NamedArray, axis: AxisSelector, *, stable: bool = True) -> NamedArray:
+def argsort(a: NamedArray, axis: AxisSelector | None, *, stable: bool = True) -> NamedArray:
     """Indices that sort ``a`` along ``axis`` (ascending, stable by default); keeps the axes."""
     return wrap_axiswise_call(jnp.argsort, a, axis, stable=stable)
 

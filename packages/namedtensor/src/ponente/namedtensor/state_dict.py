@@ -3,15 +3,17 @@
 :func:`to_state_dict` walks a module: each field contributes its name to the key (lists and tuples
 their index), and a module can rename or drop key components with ``_state_dict_key_map()`` (see
 :class:`ModuleWithStateDictSerialization`). Stacked layers (``nn.Stacked``) become numbered
-per-layer keys. :func:`to_torch_compatible_state_dict` additionally flattens multi-axis ``Linear``
-weights to PyTorch's 2-D ``(out, in)`` layout; :func:`from_torch_compatible_state_dict` undoes it.
+per-layer keys. :func:`to_torch_compatible_state_dict` additionally flattens multi-axis layers to
+PyTorch's layout (a ``Linear`` weight becomes 2-D, a ``LayerNorm`` scale 1-D) with each module's
+``flatten_for_export`` (see :func:`flatten_modules_for_export`); :func:`from_torch_compatible_state_dict`
+undoes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import equinox as eqx
@@ -19,13 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .axis import Axis
 from .core import NamedArray
+from .tree_util import scan_aware_tree_map
 
 __all__ = [
     "ModuleWithStateDictSerialization",
     "StateDict",
-    "flatten_linear_layers",
+    "flatten_modules_for_export",
     "from_state_dict",
     "from_torch_compatible_state_dict",
     "load_state_dict",
@@ -34,7 +36,7 @@ __all__ = [
     "to_numpy_state_dict",
     "to_state_dict",
     "to_torch_compatible_state_dict",
-    "unflatten_linear_layers",
+    "unflatten_modules_from_export",
     "unstack_state_dict",
     "with_prefix",
 ]
@@ -43,9 +45,6 @@ T = TypeVar("T")
 
 StateDict = dict[str, Any]
 """A flat mapping from dotted keys (``"layers.0.attn.q_proj.weight"``) to arrays."""
-
-_FLAT_OUT = "__OUT__"
-_FLAT_IN = "__IN__"
 
 
 def with_prefix(prefix: str | None, leaf: str | None) -> str | None:
@@ -70,11 +69,13 @@ def with_prefix(prefix: str | None, leaf: str | None) -> str | None:
 
 
 class ModuleWithStateDictSerialization(eqx.Module):
-    """Base class for modules that customize their state-dict keys.
+    """Base class for modules that customize their state-dict keys or their PyTorch layout.
 
     Override ``_state_dict_key_map`` to rename fields (``{"weight": "kernel"}``) or to drop a level
     (``{"inner": None}`` puts ``inner``'s keys directly under this module's prefix). For full control,
     override ``to_state_dict``/``from_state_dict`` (that is how ``nn.Stacked`` numbers its layers).
+    Override ``flatten_for_export``/``unflatten_from_export`` to change the array layout of PyTorch
+    exports (``nn.Linear`` merges its input axes and its output axes into one axis each).
 
     Example:
         >>> import ponente.namedtensor as hax
@@ -114,6 +115,29 @@ class ModuleWithStateDictSerialization(eqx.Module):
         """
         module = cast(ModuleWithStateDictSerialization, self)
         return cast(T, _fields_from_state_dict(module, state_dict, prefix, module._state_dict_key_map()))
+
+    def flatten_for_export(self: T) -> T:
+        """This module in PyTorch's layout (used by :func:`to_torch_compatible_state_dict`); the default is itself.
+
+        Submodules are flattened separately by :func:`flatten_modules_for_export`; stacked layers arrive one layer
+        at a time.
+
+        Returns:
+            The module with export-shaped arrays (it need not be callable).
+        """
+        return self
+
+    def unflatten_from_export(self: T, template: T) -> T:
+        """Undo :meth:`flatten_for_export`; the default returns this module unchanged.
+
+        Args:
+            template: the module as it should be (its axes and static fields; its values are ignored).
+
+        Returns:
+            This module's values in ``template``'s layout.
+        """
+        del template
+        return self
 
 
 def _fields(module: eqx.Module) -> list[dataclasses.Field[Any]]:
@@ -254,7 +278,9 @@ def from_state_dict(tree: T, state_dict: Mapping[str, Any], prefix: str | None =
     return tree
 
 
-def unstack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_layers: int) -> StateDict:
+def unstack_state_dict(
+    state_dict: Mapping[str, Any], prefix: str | None = None, num_layers: int | None = None
+) -> StateDict:
     """Split stacked arrays into numbered per-layer keys: ``prefix.key`` (leading dim n) -> ``prefix.i.key``.
 
     Keys outside ``prefix`` are copied unchanged.
@@ -262,13 +288,13 @@ def unstack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_la
     Args:
         state_dict: a state dict whose arrays under ``prefix`` have a leading layers dimension.
         prefix: the key of the stack (None: every key).
-        num_layers: the size of the layers dimension.
+        num_layers: the size of the layers dimension (None: each array's first dimension).
 
     Returns:
         The per-layer state dict.
 
     Raises:
-        ValueError: if an array under ``prefix`` does not have ``num_layers`` entries along dim 0.
+        ValueError: if an array under ``prefix`` is a scalar or does not have ``num_layers`` entries along dim 0.
 
     Example:
         >>> import numpy as np
@@ -282,23 +308,27 @@ def unstack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_la
             out[key] = value
             continue
         rest = key[len(head) :]
-        if np.ndim(value) == 0 or np.shape(value)[0] != num_layers:
+        shape = np.shape(value)
+        if not shape or (num_layers is not None and shape[0] != num_layers):
+            expected = "a layers dimension" if num_layers is None else f"{num_layers} layers"
             raise ValueError(
-                f"stacked state dict entry {key!r} should have {num_layers} layers along its first dimension, "
-                f"but has shape {np.shape(value)}"
+                f"stacked state dict entry {key!r} should have {expected} along its first dimension, "
+                f"but has shape {shape}"
             )
-        for i in range(num_layers):
+        for i in range(shape[0]):
             out[f"{head}{i}.{rest}"] = value[i]
     return out
 
 
-def stack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_layers: int) -> StateDict:
+def stack_state_dict(
+    state_dict: Mapping[str, Any], prefix: str | None = None, num_layers: int | None = None
+) -> StateDict:
     """Inverse of :func:`unstack_state_dict`: numbered keys ``prefix.i.key`` are stacked into ``prefix.key``.
 
     Args:
         state_dict: the per-layer state dict.
         prefix: the key of the stack (None: the root).
-        num_layers: the number of layers expected.
+        num_layers: the number of layers expected (None: one more than the highest layer number found).
 
     Returns:
         A state dict with the stacked entries (and every key not under ``prefix.<digit>`` unchanged).
@@ -318,11 +348,13 @@ def stack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_laye
         if key.startswith(head):
             index, sep, rest = key[len(head) :].partition(".")
             if sep and index.isdigit():
-                if int(index) >= num_layers:
+                if num_layers is not None and int(index) >= num_layers:
                     raise ValueError(f"state dict key {key!r} is for layer {index}, but there are only {num_layers}")
                 per_layer.setdefault(rest, {})[int(index)] = value
                 continue
         out[key] = value
+    if num_layers is None:
+        num_layers = 1 + max((i for layers in per_layer.values() for i in layers), default=-1)
     for rest, layers in per_layer.items():
         missing = [i for i in range(num_layers) if i not in layers]
         if missing:
@@ -333,99 +365,66 @@ def stack_state_dict(state_dict: Mapping[str, Any], prefix: str | None, num_laye
     return out
 
 
-def _is_linear(x: Any) -> bool:
-    from .nn.linear import Linear  # lazy: nn imports this module
-
-    return isinstance(x, Linear)
+def _is_serializable(x: Any) -> bool:
+    return isinstance(x, ModuleWithStateDictSerialization)
 
 
-def _axes_of(spec: Any) -> tuple[Axis, ...]:
-    if isinstance(spec, Axis):
-        return (spec,)
-    if isinstance(spec, Mapping):
-        return tuple(Axis(k, v) for k, v in spec.items())
-    return tuple(spec)
+def flatten_modules_for_export(tree: T) -> T:
+    """Apply every module's ``flatten_for_export`` (see :class:`ModuleWithStateDictSerialization`), outermost first.
 
-
-def _flatten_named(x: NamedArray, outs: Sequence[Axis], ins: Sequence[Axis]) -> NamedArray:
-    """Transpose ``x`` to (other axes..., outs..., ins...) and merge ``outs`` and ``ins`` into one axis each."""
-    out_names = [a.name for a in outs]
-    in_names = [a.name for a in ins]
-    names = [a.name for a in x.axes]
-    others = [a for a in x.axes if a.name not in out_names and a.name not in in_names]
-    order = [names.index(a.name) for a in others]
-    order += [names.index(n) for n in out_names if n in names] + [names.index(n) for n in in_names if n in names]
-    new_axes = list(others)
-    if any(n in names for n in out_names):
-        new_axes.append(Axis(_FLAT_OUT, int(np.prod([a.size for a in outs]))))
-    if any(n in names for n in in_names):
-        new_axes.append(Axis(_FLAT_IN, int(np.prod([a.size for a in ins]))))
-    array = jnp.reshape(jnp.transpose(x.array, order), tuple(a.size for a in new_axes))
-    return NamedArray(array, tuple(new_axes))
-
-
-def _unflatten_named(flat: NamedArray, template: NamedArray, outs: Sequence[Axis], ins: Sequence[Axis]) -> NamedArray:
-    out_names = {a.name for a in outs}
-    in_names = {a.name for a in ins}
-    others = [a for a in template.axes if a.name not in out_names and a.name not in in_names]
-    present_outs = [a for a in outs if a.name in template.axis_names]
-    present_ins = [a for a in ins if a.name in template.axis_names]
-    unflat_axes = others + present_outs + present_ins
-    array = jnp.reshape(flat.array, tuple(a.size for a in unflat_axes))
-    names = [a.name for a in unflat_axes]
-    array = jnp.transpose(array, [names.index(a.name) for a in template.axes])
-    return NamedArray(array, template.axes)
-
-
-def flatten_linear_layers(tree: T) -> T:
-    """Replace every ``nn.Linear`` in ``tree`` by one whose weight is 2-D ``(out, in)`` (PyTorch's layout).
-
-    Multi-axis ``In``/``Out`` (e.g. ``Out = (Heads, HeadSize)``) are merged into single axes named
-    ``__OUT__`` and ``__IN__``; any other weight axes (such as a stacked layers axis) stay in front.
-    The bias becomes 1-D over ``__OUT__``.
+    Inside ``nn.Stacked``, each layer is flattened separately (a ``vmap`` over the layers axis), so a module never
+    sees the layers axis. :func:`to_torch_compatible_state_dict` calls this before :func:`to_state_dict`.
 
     Args:
         tree: a module or pytree.
 
     Returns:
-        The same structure with flattened ``Linear`` layers (not callable on the original inputs).
+        The same structure in export layout (not callable in general).
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> from ponente.namedtensor.nn import Linear
+        >>> lin = Linear.init(hax.Axis("embed", 4), (hax.Axis("heads", 2), hax.Axis("head", 3)), key=jax.random.key(0))
+        >>> flatten_modules_for_export(lin).weight.shape
+        {'__OUT__': 6, '__IN__': 4}
     """
 
-    def flatten(x: Any) -> Any:
-        if not _is_linear(x):
-            return x
-        outs, ins = _axes_of(x.Out), _axes_of(x.In)
-        weight = _flatten_named(x.weight, outs, ins)
-        bias = None if x.bias is None else _flatten_named(x.bias, outs, ins)
-        n_out = int(np.prod([a.size for a in outs]))
-        n_in = int(np.prod([a.size for a in ins]))
-        return _replace_fields(
-            x, {"weight": weight, "bias": bias, "Out": Axis(_FLAT_OUT, n_out), "In": Axis(_FLAT_IN, n_in)}
-        )
+    def flatten(node: Any) -> Any:
+        if not _is_serializable(node):
+            return node
+        flat = node.flatten_for_export()
+        return scan_aware_tree_map(flatten, flat, is_leaf=lambda x: x is not flat and _is_serializable(x))
 
-    return jax.tree_util.tree_map(flatten, tree, is_leaf=_is_linear)
+    return scan_aware_tree_map(flatten, tree, is_leaf=_is_serializable)
 
 
-def unflatten_linear_layers(template: T, flattened: Any) -> T:
-    """Inverse of :func:`flatten_linear_layers`: reshape the flattened ``Linear`` layers back to ``template``'s axes.
+def unflatten_modules_from_export(tree: T, template: T) -> T:
+    """Inverse of :func:`flatten_modules_for_export`: every module's ``unflatten_from_export(template)``.
 
     Args:
-        template: the original module (gives the axes).
-        flattened: the same structure with flattened ``Linear`` layers (e.g. loaded from a state dict).
+        tree: the flattened structure (e.g. loaded from a PyTorch state dict).
+        template: the original structure (gives the axes; its values are ignored).
 
     Returns:
-        ``flattened`` with every ``Linear`` reshaped to the template's weight and bias axes.
+        ``tree``'s values in ``template``'s layout.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> from ponente.namedtensor.nn import Linear
+        >>> lin = Linear.init(hax.Axis("embed", 4), (hax.Axis("heads", 2), hax.Axis("head", 3)), key=jax.random.key(0))
+        >>> unflatten_modules_from_export(flatten_modules_for_export(lin), lin).weight.shape
+        {'heads': 2, 'head': 3, 'embed': 4}
     """
 
-    def unflatten(tmpl: Any, flat: Any) -> Any:
-        if not _is_linear(tmpl):
-            return flat
-        outs, ins = _axes_of(tmpl.Out), _axes_of(tmpl.In)
-        weight = _unflatten_named(flat.weight, tmpl.weight, outs, ins)
-        bias = None if tmpl.bias is None else _unflatten_named(flat.bias, tmpl.bias, outs, ins)
-        return _replace_fields(tmpl, {"weight": weight, "bias": bias})
+    def unflatten(node: Any, like: Any) -> Any:
+        if not _is_serializable(node):
+            return node
+        restored = node.unflatten_from_export(like)
+        return scan_aware_tree_map(
+            unflatten, restored, like, is_leaf=lambda x: x is not restored and _is_serializable(x)
+        )
 
-    return jax.tree_util.tree_map(unflatten, template, flattened, is_leaf=_is_linear)
+    return scan_aware_tree_map(unflatten, tree, template, is_leaf=_is_serializable)
 
 
 def to_numpy_state_dict(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -441,7 +440,7 @@ def to_numpy_state_dict(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def to_torch_compatible_state_dict(
-    tree: Any, *, flatten: bool = True, prefix: str | None = None
+    tree: Any, *, flatten: bool = True, prefix: str | None = None, filter: Callable[[Any], bool] = eqx.is_array
 ) -> dict[str, np.ndarray]:
     """A state dict in PyTorch's conventions: NumPy arrays, ``Linear`` weights 2-D ``(out, in)``.
 
@@ -450,8 +449,9 @@ def to_torch_compatible_state_dict(
 
     Args:
         tree: the module.
-        flatten: flatten multi-axis ``Linear`` weights (see :func:`flatten_linear_layers`).
+        flatten: put modules in PyTorch's layout first (see :func:`flatten_modules_for_export`).
         prefix: a key prefix.
+        filter: which leaves to export (default: arrays).
 
     Returns:
         The state dict.
@@ -463,8 +463,9 @@ def to_torch_compatible_state_dict(
         >>> to_torch_compatible_state_dict(lin)["weight"].shape
         (6, 4)
     """
+    tree = eqx.filter(tree, filter)
     if flatten:
-        tree = flatten_linear_layers(tree)
+        tree = flatten_modules_for_export(tree)
     return to_numpy_state_dict(to_state_dict(tree, prefix))
 
 
@@ -473,10 +474,14 @@ def from_torch_compatible_state_dict(
 ) -> T:
     """Load a PyTorch-convention state dict (see :func:`to_torch_compatible_state_dict`) into template ``tree``.
 
+    The template may be abstract (``ShapeDtypeStruct`` leaves, e.g. from ``equinox.filter_eval_shape``): only its
+    structure, axes and dtypes are used.
+
     Args:
         tree: the template module.
-        state_dict: the state dict (2-D ``Linear`` weights when ``unflatten``).
-        unflatten: the state dict's ``Linear`` weights are 2-D and must be reshaped to ``tree``'s axes.
+        state_dict: the state dict.
+        unflatten: the state dict is in export layout (:func:`flatten_modules_for_export`) and must be reshaped to
+            ``tree``'s axes.
         prefix: the key prefix.
 
     Returns:
@@ -485,24 +490,58 @@ def from_torch_compatible_state_dict(
     Raises:
         KeyError: if a key is missing.
         ValueError: if an array has the wrong shape.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> from ponente.namedtensor.nn import Linear
+        >>> lin = Linear.init(hax.Axis("embed", 4), (hax.Axis("heads", 2), hax.Axis("head", 3)), key=jax.random.key(0))
+        >>> back = from_torch_compatible_state_dict(lin, to_torch_compatible_state_dict(lin))
+        >>> bool((back.weight == lin.weight).all())
+        True
     """
     if not unflatten:
         return from_state_dict(tree, state_dict, prefix)
-    loaded = from_state_dict(flatten_linear_layers(tree), state_dict, prefix)
-    return unflatten_linear_layers(tree, loaded)
+    flat = from_state_dict(eqx.filter_eval_shape(flatten_modules_for_export, tree), state_dict, prefix)
+    loaded = eqx.filter_jit(_unflatten_into)(flat, tree)
+    return jax.tree_util.tree_map(_place_like, loaded, tree)
+
+
+def _unflatten_into(flat: Any, template: Any) -> Any:
+    # an abstract template only lends its axes: give it placeholder values (unused, so compiled away)
+    def placeholder(x: Any) -> Any:
+        return jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
+
+    return unflatten_modules_from_export(flat, jax.tree_util.tree_map(placeholder, template))
+
+
+def _place_like(x: Any, like: Any) -> Any:
+    """``x`` with the sharding of ``like`` when ``like`` is a placed (not traced) JAX array."""
+    if isinstance(x, jax.Array) and isinstance(like, jax.Array) and not isinstance(like, jax.core.Tracer):
+        return jax.device_put(x, like.sharding)
+    return x
 
 
 def save_state_dict(state_dict: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``state_dict`` to a safetensors file (arrays are gathered to host memory).
+    """Write ``state_dict`` to a safetensors file (arrays are gathered to host memory; None entries are skipped).
+
+    The file's metadata says ``format: pt``, which Hugging Face ``transformers`` expects.
 
     Args:
         state_dict: the state dict.
         path: the file to write.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> save_state_dict({"w": np.ones(2, np.float32), "b": None}, path)
+        >>> sorted(load_state_dict(path))
+        ['w']
     """
     from safetensors.numpy import save_file
 
-    arrays = {k: np.ascontiguousarray(v) for k, v in to_numpy_state_dict(state_dict).items()}
-    save_file(arrays, os.fspath(path))
+    present = {k: v for k, v in state_dict.items() if v is not None}
+    arrays = {k: np.ascontiguousarray(v) for k, v in to_numpy_state_dict(present).items()}
+    save_file(arrays, os.fspath(path), metadata={"format": "pt"})
 
 
 def load_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

@@ -1,7 +1,10 @@
-"""Pytree helpers that treat NamedArrays as leaves, and ``resize_axis``."""
+"""Pytree helpers that treat NamedArrays as leaves, ``scan_aware_tree_map`` and ``resize_axis``."""
 
 from __future__ import annotations
 
+import abc
+import dataclasses
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,8 +13,37 @@ import jax.numpy as jnp
 
 from .axis import Axis, AxisSelector
 from .core import NamedArray
+from .hof import vmap
 
-__all__ = ["resize_axis", "tree_flatten", "tree_leaves", "tree_map", "tree_structure", "tree_unflatten"]
+__all__ = [
+    "LayerStack",
+    "resize_axis",
+    "scan_aware_tree_map",
+    "tree_flatten",
+    "tree_leaves",
+    "tree_map",
+    "tree_structure",
+    "tree_unflatten",
+]
+
+
+class LayerStack(abc.ABC):
+    """A module holding a block's layers stacked along one axis, which :func:`scan_aware_tree_map` maps per layer.
+
+    Such a module has a ``Block`` field (the layers axis) and a ``stacked`` field (the block whose arrays carry that
+    axis). :class:`~ponente.namedtensor.nn.Stacked` registers itself as one (``LayerStack.register``), so this module,
+    which ``nn`` is built on, never imports ``nn``; a user-defined stack type can register the same way.
+    """
+
+    @property
+    @abc.abstractmethod
+    def Block(self) -> Axis:
+        """The layers axis."""
+
+    @property
+    @abc.abstractmethod
+    def stacked(self) -> Any:
+        """The block whose arrays carry the ``Block`` axis."""
 
 
 def _is_leaf(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
@@ -40,6 +72,47 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: Callable[[A
         (Axis(name='embed', size=2),)
     """
     return jax.tree_util.tree_map(fn, tree, *rest, is_leaf=_is_leaf(is_leaf))
+
+
+def scan_aware_tree_map(
+    fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: Callable[[Any], bool] | None = None
+) -> Any:
+    """Like :func:`tree_map`, but inside an ``nn.Stacked`` ``fn`` is applied to each layer separately.
+
+    A ``Stacked`` holds its layers as one module whose arrays have a leading layers axis; here ``fn`` never sees
+    that axis: it is ``vmap``-ed over it (so ``fn`` on a ``Linear`` of a stacked block sees one layer's
+    ``Linear``, and a mean over its weight is per layer). Without ``Stacked`` modules this is :func:`tree_map`.
+
+    Args:
+        fn: called with the corresponding leaves of ``tree`` and ``rest``.
+        tree: the pytree.
+        *rest: more pytrees with the structure of ``tree`` (their ``Stacked`` modules are sliced the same way).
+        is_leaf: also treat nodes for which this returns True as leaves.
+
+    Returns:
+        A pytree with the structure of ``tree`` and ``fn``'s results as leaves.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> from ponente.namedtensor.nn import Stacked
+        >>> stack = Stacked(hax.arange({"layers": 2, "embed": 3}, dtype=float), hax.Axis("layers", 2))
+        >>> scan_aware_tree_map(lambda w: w - w.mean(), stack).stacked.array.tolist()
+        [[-1.0, 0.0, 1.0], [-1.0, 0.0, 1.0]]
+    """
+
+    def stops(x: Any) -> bool:
+        return isinstance(x, LayerStack) or (is_leaf is not None and is_leaf(x))
+
+    def per_layer(*layers: Any) -> Any:
+        return scan_aware_tree_map(fn, *layers, is_leaf=is_leaf)
+
+    def apply(x: Any, *others: Any) -> Any:
+        if isinstance(x, LayerStack):
+            inner = vmap(per_layer, x.Block)(x.stacked, *(o.stacked for o in others))
+            return dataclasses.replace(typing.cast(Any, x), stacked=inner)  # a registered stack is a dataclass
+        return fn(x, *others)
+
+    return tree_map(apply, tree, *rest, is_leaf=stops)
 
 
 def tree_leaves(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[Any]:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+import jax
 
 from .axis import Axis, AxisSelection, AxisSelector, axis_name
 from .core import NamedArray, _binary, broadcast_to
 from .util import ensure_tuple
 
 __all__ = [
+    "ReductionFunction",
+    "SimpleReductionFunction",
     "elemwise_binary",
     "unwrap_namedarrays",
     "wrap_axiswise_call",
@@ -17,6 +21,20 @@ __all__ = [
     "wrap_elemwise_unary",
     "wrap_reduction_call",
 ]
+
+
+class ReductionFunction(Protocol):
+    """The signature of a named reduction such as :func:`~ponente.namedtensor.sum`: ``fn(array, axis, where=...)``."""
+
+    def __call__(
+        self, array: NamedArray, axis: AxisSelection | None = None, where: NamedArray | None = None, **kwargs: Any
+    ) -> NamedArray: ...
+
+
+class SimpleReductionFunction(Protocol):
+    """The signature of a one-axis reduction without ``where`` such as :func:`~ponente.namedtensor.argmax`."""
+
+    def __call__(self, array: NamedArray, axis: AxisSelector | None = None, **kwargs: Any) -> NamedArray: ...
 
 
 def wrap_elemwise_unary(f: Callable[..., Any], a: Any, *args: Any, **kwargs: Any) -> Any:
@@ -85,18 +103,21 @@ def _reduced_axes(array: NamedArray, axis: AxisSelection | None) -> tuple[tuple[
 
 def wrap_reduction_call(
     fn: Callable[..., Any],
-    array: NamedArray,
+    array: Any,
     axis: AxisSelection | None,
     where: NamedArray | None = None,
     single_axis_only: bool = False,
     supports_where: bool = True,
     **kwargs: Any,
-) -> NamedArray:
+) -> Any:
     """Applies a positional reduction over named axes.
+
+    ``array`` may also be a plain JAX/NumPy array (``fn`` is then called as is, ``axis`` being positional) or a
+    pytree of arrays (each leaf is reduced).
 
     Args:
         fn: the positional reduction, called as ``fn(array, axis=positions, **kwargs)``.
-        array: the named array.
+        array: the named array (or a plain array, or a pytree of either).
         axis: the axis or axes to reduce; ``None`` reduces all.
         where: a boolean named array (its axes a subset of ``array``'s) choosing the elements to include.
         single_axis_only: whether ``fn`` accepts only one axis (``argmax`` and friends).
@@ -109,38 +130,75 @@ def wrap_reduction_call(
     Raises:
         ValueError: if an axis is absent, several axes are given to a single-axis reduction, or ``where`` has
             axes the array lacks.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ponente.namedtensor import named
+        >>> wrap_reduction_call(jnp.sum, named(jnp.ones((2, 3)), ("a", "b")), "b").array.tolist()
+        [3.0, 3.0]
     """
-    if not isinstance(array, NamedArray):
-        raise TypeError(f"expected a NamedArray, got {type(array).__name__}")
+    name = getattr(fn, "__name__", "reduction")
+    if where is not None and not supports_where:
+        raise ValueError(f"{name} does not support where=")
+
+    def one(leaf: Any) -> Any:
+        if not isinstance(leaf, NamedArray):
+            extra = dict(kwargs) if where is None else {**kwargs, "where": where}
+            return fn(leaf, axis=axis, **extra)
+        return _reduce_named(fn, leaf, axis, where, single_axis_only, name, kwargs)
+
+    return jax.tree_util.tree_map(one, array, is_leaf=lambda x: isinstance(x, NamedArray))
+
+
+def _reduce_named(
+    fn: Callable[..., Any],
+    array: NamedArray,
+    axis: AxisSelection | None,
+    where: Any,
+    single_axis_only: bool,
+    name: str,
+    kwargs: dict[str, Any],
+) -> NamedArray:
     positions, kept = _reduced_axes(array, axis)
     if single_axis_only:
         if axis is None:
             return NamedArray(fn(array.array.reshape(-1), axis=0, **kwargs), ())
         if not isinstance(axis, Axis | str) and len(positions) != 1:
-            raise ValueError(f"{getattr(fn, '__name__', 'reduction')} reduces exactly one axis, got {axis}")
+            raise ValueError(f"{name} reduces exactly one axis, got {axis}")
         pos: Any = positions[0]
     else:
         pos = positions
     if where is not None:
-        if not supports_where:
-            raise ValueError(f"{getattr(fn, '__name__', 'reduction')} does not support where=")
         w = broadcast_to(where, array.axes).array if isinstance(where, NamedArray) else where
-        kwargs["where"] = w
+        kwargs = {**kwargs, "where": w}
     return NamedArray(fn(array.array, axis=pos, **kwargs), kept)
 
 
-def wrap_axiswise_call(fn: Callable[..., Any], a: NamedArray, axis: AxisSelector, **kwargs: Any) -> NamedArray:
+def wrap_axiswise_call(fn: Callable[..., Any], a: Any, axis: AxisSelector | None, **kwargs: Any) -> Any:
     """Applies a positional function that works along one axis and keeps the shape (``cumsum``, ``sort``...).
+
+    Like the ``jax.numpy`` functions it wraps, ``axis=None`` works on the flattened array and returns a plain
+    (unnamed) one-dimensional array; a plain (unnamed) ``a`` is passed to ``fn`` as is.
 
     Args:
         fn: the positional function, called as ``fn(array, axis=position, **kwargs)``.
-        a: the named array.
-        axis: the axis to work along.
+        a: the named array (or a plain array).
+        axis: the axis to work along, or ``None`` for the flattened array.
         **kwargs: extra keyword arguments for ``fn``.
 
     Returns:
-        A named array with ``a``'s axes.
+        A named array with ``a``'s axes (a plain array if ``axis`` is None or ``a`` is unnamed).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ponente.namedtensor import named
+        >>> wrap_axiswise_call(jnp.cumsum, named(jnp.arange(3), "a"), "a").array.tolist()
+        [0, 1, 3]
     """
+    if not isinstance(a, NamedArray):
+        return fn(a, axis=axis, **kwargs)
+    if axis is None:
+        return fn(a.array, axis=None, **kwargs)
     return NamedArray(fn(a.array, axis=a._index_of(axis), **kwargs), a.axes)
 
 

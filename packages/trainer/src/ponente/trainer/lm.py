@@ -57,12 +57,13 @@ def lm_example(batch: Mapping[str, hax.NamedArray]) -> LmExample:
     return LmExample.causal(batch["input_ids"], loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"])
 
 
-def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | None = None) -> Callable[..., Any]:
+def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | str | None = "auto") -> Callable[..., Any]:
     """The training loss ``loss_fn(model, batch, *, key)``: next-token cross-entropy (+ z-loss, + aux losses).
 
     Args:
         z_loss_weight: weight of ``logsumexp(logits)**2`` (0: none).
-        block_size: compute the loss blockwise over the vocabulary (None: plain).
+        block_size: compute the loss blockwise over this many vocabulary entries (None: plain; ``"auto"``:
+            blockwise for large vocabularies, see :func:`ponente.models.lm.cross_entropy_block_size`).
 
     Returns:
         The loss function for :class:`~ponente.trainer.trainer.Trainer`.

@@ -1,6 +1,6 @@
 """Neural-network layers and functions for named arrays (Haliax's ``hax.nn``)."""
 
-from . import activations, attention, functional, loss
+from . import activations, attention, functional, loss, mup
 from .activations import (
     celu,
     elu,
@@ -30,6 +30,7 @@ from .functional import log_softmax, logsumexp, one_hot, softmax, standardize
 from .linear import Linear
 from .loss import binary_cross_entropy_loss, cross_entropy_loss, cross_entropy_loss_and_log_normalizers, reduce_loss
 from .mlp import MLP
+from .moe_linear import MoELinear
 from .normalization import LayerNorm, RmsNorm
 from .pool import max_pool, mean_pool, min_pool
 
@@ -41,6 +42,7 @@ __all__ = [
     "Embedding",
     "LayerNorm",
     "Linear",
+    "MoELinear",
     "RmsNorm",
     "activations",
     "attention",
@@ -65,6 +67,7 @@ __all__ = [
     "max_pool",
     "mean_pool",
     "min_pool",
+    "mup",
     "one_hot",
     "quick_gelu",
     "reduce_loss",

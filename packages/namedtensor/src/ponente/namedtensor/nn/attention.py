@@ -77,12 +77,14 @@ def dot_product_attention_weights(
     clash = [n for n in kpos if query.has_axis(n)]
     if clash:
         raise ValueError(
-            f"attention: the query already has the key-position axes {clash}; rename the key/value position axis "
-            "so query and key positions have different names"
+            f"attention: query and key positions must be distinct axes, but the query also has the key-position "
+            f"axes {clash}; rename the key/value position axis (e.g. key.rename({{'position': 'key_position'}}))"
         )
     missing = [n for n in kpos if not key.has_axis(n)]
     if missing:
-        raise ValueError(f"attention: key-position axes {missing} are not in the key, whose axes are {key.axis_names}")
+        raise ValueError(
+            f"attention: key-position axes {missing} not found in the key, whose axes are {key.axis_names}"
+        )
     orig_dtype = query.dtype
     scale = 1.0 / math.sqrt(query.axis_size(Key)) if scaling_factor is None else scaling_factor
     query = query * scale

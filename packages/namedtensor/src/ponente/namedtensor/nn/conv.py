@@ -210,7 +210,9 @@ class ConvTranspose(_ConvBase):
     """The transposed convolution (the adjoint of :class:`Conv`'s input map, "deconvolution").
 
     Input position ``i`` scatters ``x[c, i] * weight[o, c, k]`` to output position
-    ``i * stride + k * dilation - padding_low``. Output size per axis:
+    ``i * stride + (kernel - 1 - k) * dilation - padding_low``: the kernel is used as stored, not flipped
+    (the convention of Equinox and Haliax, so weights carry over; :class:`Conv`'s adjoint is this layer
+    with the kernel flipped). Output size per axis:
     ``(n - 1) * stride - padding_low - padding_high + dilation * (kernel - 1) + 1 + output_padding``.
 
     Attributes:
@@ -295,7 +297,7 @@ class ConvTranspose(_ConvBase):
         del key
         x, batch = self._to_positional(inputs)
         n = len(self.Spatial)
-        w = jnp.flip(self._positional_weight(), axis=tuple(range(2, 2 + n)))
+        w = self._positional_weight()
         pads = tuple(
             (d * (k - 1) - lo, d * (k - 1) - hi + o)
             for k, (lo, hi), o, d in zip(

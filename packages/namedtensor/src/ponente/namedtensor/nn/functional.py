@@ -138,15 +138,19 @@ def one_hot(x: NamedArray | int, class_axis: Axis, *, dtype: Any = None) -> Name
     """One-hot encoding of integer labels along a new class axis.
 
     Args:
-        x: integer labels (a NamedArray, or a single int).
+        x: integer labels: a NamedArray, or a single label (a Python int or a 0-d integer array).
         class_axis: the class axis (its size is the number of classes); appended after ``x``'s axes.
-        dtype: the result dtype (default float32). Out-of-range labels give all-zero rows.
+        dtype: the result dtype (default float32).
+
+    Out-of-range labels in a NamedArray give all-zero rows. A single label is an index into the classes,
+    so a negative one counts from the end as in Python (``-1`` is the last class).
 
     Returns:
         A NamedArray with axes ``x.axes + (class_axis,)``.
 
     Raises:
-        ValueError: if ``x`` already has an axis named like ``class_axis``.
+        ValueError: if ``x`` already has an axis named like ``class_axis``, or a Python int is out of range.
+        TypeError: if a single label is not a scalar of integer (or bool) dtype.
 
     Example:
         >>> import jax.numpy as jnp
@@ -159,4 +163,14 @@ def one_hot(x: NamedArray | int, class_axis: Axis, *, dtype: Any = None) -> Name
         if x.has_axis(class_axis.name):
             raise ValueError(f"one_hot: the labels already have an axis named {class_axis.name!r}")
         return NamedArray(jax.nn.one_hot(x.array, class_axis.size, dtype=dtype), (*x.axes, class_axis))
-    return NamedArray(jax.nn.one_hot(jnp.asarray(x), class_axis.size, dtype=dtype), (class_axis,))
+    n = class_axis.size
+    label = jnp.asarray(x)
+    if label.ndim != 0 or not (jnp.issubdtype(label.dtype, jnp.integer) or label.dtype == jnp.bool_):
+        raise TypeError(
+            f"one_hot: a label that is not a NamedArray must be an integer scalar, got dtype {label.dtype} and "
+            f"shape {label.shape} (name the axes of an array of labels with hax.named)"
+        )
+    if isinstance(x, int) and not -n <= x < n:
+        raise ValueError(f"one_hot: label {x} is out of range for class axis {class_axis.name!r} of size {n}")
+    label = jnp.where(label < 0, label + n, label)
+    return NamedArray(jax.nn.one_hot(label, n, dtype=dtype), (class_axis,))

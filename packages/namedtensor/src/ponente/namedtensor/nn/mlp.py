@@ -10,8 +10,8 @@ import jax
 
 from ..axis import Axis, AxisSpec
 from ..core import NamedArray
+from ..dot_general import DotGeneralOp
 from ..jax_utils import maybe_rng_split
-from ..quantization import DotGeneralOp
 from .activations import relu
 from .linear import Linear
 

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..axis import AxisSpec, axis_name
+from ..axis import Axis, AxisSpec, axis_name, axis_size, axis_spec_to_tuple
 from ..core import NamedArray
 from ..creation import ones, zeros
 from ..jax_utils import named_call
+from ..state_dict import ModuleWithStateDictSerialization
 from .functional import log_softmax, logsumexp, softmax, standardize  # also importable from here, as in Haliax
 
 __all__ = ["LayerNorm", "LayerNormBase", "RmsNorm", "log_softmax", "logsumexp", "softmax", "standardize"]
 
 L = TypeVar("L", bound="LayerNormBase")
+
+_FLAT = "__OUT__"  # name of the merged axis in PyTorch exports
 
 
 def _positions(x: NamedArray, axis: AxisSpec, what: str) -> tuple[int, ...]:
@@ -28,8 +32,10 @@ def _positions(x: NamedArray, axis: AxisSpec, what: str) -> tuple[int, ...]:
     return tuple(x._index_of(n) for n in names)
 
 
-class LayerNormBase(eqx.Module):
+class LayerNormBase(ModuleWithStateDictSerialization):
     """Shared fields of :class:`LayerNorm` and :class:`RmsNorm`.
+
+    For PyTorch exports, a scale and shift over several axes become 1-D (merged into an axis ``__OUT__``).
 
     Attributes:
         axis: the axis or axes normalized over (static).
@@ -70,6 +76,47 @@ class LayerNormBase(eqx.Module):
         weight = ones(axis) if use_weight else None
         bias = zeros(axis) if use_bias else None
         return cls(axis, weight, bias, eps, dtype)
+
+    def flatten_for_export(self: L) -> L:
+        """This layer with its axes merged into one (``__OUT__``); a layer over a single axis is returned as is.
+
+        Returns:
+            The flattened layer (only for export).
+
+        Example:
+            >>> import ponente.namedtensor as hax
+            >>> norm = RmsNorm.init({"heads": 2, "head": 3}, use_bias=False)
+            >>> norm.flatten_for_export().weight.shape
+            {'__OUT__': 6}
+        """
+        if isinstance(self.axis, Axis):
+            return self
+        axes = axis_spec_to_tuple(self.axis)
+        flat = Axis(_FLAT, axis_size(self.axis))
+        weight = None if self.weight is None else self.weight.flatten_axes(axes, flat)
+        bias = None if self.bias is None else self.bias.flatten_axes(axes, flat)
+        return dataclasses.replace(self, axis=flat, weight=weight, bias=bias)
+
+    def unflatten_from_export(self: L, template: L) -> L:
+        """Inverse of :meth:`flatten_for_export`: this layer's values over ``template``'s axes.
+
+        Args:
+            template: a layer over the original axes (its values are ignored).
+
+        Returns:
+            The layer in ``template``'s layout.
+        """
+        if self.axis == template.axis:
+            return self
+
+        def restore(x: NamedArray | None, like: NamedArray | None) -> NamedArray | None:
+            if x is None:
+                return None
+            x = x.unflatten_axis(_FLAT, template.axis)
+            return x if like is None else x.rearrange(like.axes)
+
+        weight, bias = restore(self.weight, template.weight), restore(self.bias, template.bias)
+        return dataclasses.replace(self, axis=template.axis, weight=weight, bias=bias)
 
     def _affine(self, out: NamedArray) -> NamedArray:
         if self.weight is not None:

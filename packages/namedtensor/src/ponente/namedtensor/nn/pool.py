@@ -78,6 +78,16 @@ def _prepare(
     return dims, strides, req, full
 
 
+def _extreme(dtype: Any, highest: bool) -> Any:
+    """The identity of ``min`` (``highest``) or ``max`` for ``dtype``: ±inf for floats, the range ends otherwise."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.inf if highest else -jnp.inf
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return highest
+    info = jnp.iinfo(dtype)
+    return info.max if highest else info.min
+
+
 def _named_result(inputs: NamedArray, out: jax.Array) -> NamedArray:
     return auto_sharded(NamedArray(out, tuple(ax.resize(n) for ax, n in zip(inputs.axes, out.shape, strict=True))))
 
@@ -120,7 +130,7 @@ def max_pool(
     padding: Padding = "VALID",
     use_ceil: bool = False,
 ) -> NamedArray:
-    """Maximum over sliding windows; see :func:`pool` for the arguments.
+    """Maximum over sliding windows (padding never wins: it is the dtype's lowest value); see :func:`pool`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -129,7 +139,7 @@ def max_pool(
         >>> max_pool(hax.Axis("t", 2), x, stride=2).array.tolist()
         [3.0, 5.0]
     """
-    return pool(Window, inputs, -jnp.inf, jax.lax.max, stride, padding, use_ceil)
+    return pool(Window, inputs, _extreme(inputs.dtype, highest=False), jax.lax.max, stride, padding, use_ceil)
 
 
 def min_pool(
@@ -139,8 +149,16 @@ def min_pool(
     padding: Padding = "VALID",
     use_ceil: bool = False,
 ) -> NamedArray:
-    """Minimum over sliding windows; see :func:`pool` for the arguments."""
-    return pool(Window, inputs, jnp.inf, jax.lax.min, stride, padding, use_ceil)
+    """Minimum over sliding windows (padding never wins: it is the dtype's highest value); see :func:`pool`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import ponente.namedtensor as hax
+        >>> x = hax.named(jnp.array([4, 3, 2, 5], dtype=jnp.int32), "t")
+        >>> min_pool(hax.Axis("t", 2), x, stride=2, padding=1).array.tolist()
+        [4, 2, 5]
+    """
+    return pool(Window, inputs, _extreme(inputs.dtype, highest=True), jax.lax.min, stride, padding, use_ceil)
 
 
 def mean_pool(

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
+
+# Blocks run through the package's ``scan``/``fold``/``vmap`` (looked up at call time, so they can be patched);
+# the name is Haliax's, whose tests patch ``haliax.nn.scan.haliax.scan``.
+import ponente.namedtensor as haliax
 
 from ..axis import Axis
 from ..core import NamedArray
-from ..hof import scan as _hax_scan
-from ..hof import vmap as _hax_vmap
+from ..jax_utils import tree_checkpoint_name
+from ..scan_checkpoint import ScanCheckpointPolicy, ScanCheckpointSpec
 from ..state_dict import (
     ModuleWithStateDictSerialization,
     StateDict,
@@ -35,6 +37,7 @@ from ..state_dict import (
     unstack_state_dict,
     with_prefix,
 )
+from ..tree_util import LayerStack
 
 __all__ = [
     "BlockFoldable",
@@ -47,174 +50,15 @@ __all__ = [
 
 M = TypeVar("M", bound=eqx.Module)
 M_co = TypeVar("M_co", covariant=True)
-Offload = bool | Literal["offload"]
+Unroll = int | bool | None
 
-_CARRY = "ponente_scan_carry"
-_INPUTS = "ponente_scan_inputs"
+# tags of a BlockSeq block's carry and extra arguments, for its checkpoint policy
+_CARRY = "block_seq:carry"
+_INPUTS = "block_seq:inputs"
 
-
-def tree_checkpoint_name(tree: Any, name: str) -> Any:
-    """Tag every array of ``tree`` (NamedArrays included) with ``name`` for checkpoint policies.
-
-    Inside a block of :class:`Stacked`/:class:`BlockSeq`, a value tagged ``"y"`` is kept for the
-    backward pass (instead of being recomputed) when the policy lists ``"y"`` in
-    ``save_block_internals``.
-
-    Args:
-        tree: a NamedArray, array or pytree of them.
-        name: the name.
-
-    Returns:
-        ``tree`` with tagged arrays (same values).
-
-    Example:
-        >>> import ponente.namedtensor as hax
-        >>> tree_checkpoint_name(hax.ones({"embed": 2}), "h").shape
-        {'embed': 2}
-    """
-    return jax.tree_util.tree_map(lambda x: checkpoint_name(x, name) if eqx.is_array(x) else x, tree)
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanCheckpointPolicy:
-    """What a scan over blocks keeps for the backward pass; the rest is recomputed.
-
-    Attributes:
-        save_carries: keep the carry entering each block (True), move it to host memory
-            (``"offload"``), or recompute it (False; only meaningful with ``nested``).
-        save_inputs: keep the other per-block inputs (extra arguments) (True, False or ``"offload"``).
-        save_block_internals: True keeps everything (like no checkpointing); a list of names keeps
-            the values tagged with :func:`tree_checkpoint_name` under those names.
-        prevent_cse: stop XLA from merging recomputation with the forward pass (needed outside scans).
-        disable: no checkpointing at all: every intermediate of every block is kept.
-        simple: accepted for Haliax compatibility (a non-nested policy is always simple).
-        nested: False, True (split the layers into about ``sqrt(N)`` groups) or the number of groups;
-            only the carries between groups are kept, so memory is ``O(sqrt(N))`` carries.
-
-    Example:
-        >>> ScanCheckpointPolicy.from_bool_or_str("nested").nested
-        True
-    """
-
-    save_carries: Offload = True
-    save_inputs: Offload = False
-    save_block_internals: bool | Sequence[str] = False
-    prevent_cse: bool = False
-    disable: bool = False
-    simple: bool = False
-    nested: bool | int = False
-
-    def __post_init__(self) -> None:
-        for field in ("save_carries", "save_inputs"):
-            value = getattr(self, field)
-            if value not in (True, False, "offload"):
-                raise ValueError(f"ScanCheckpointPolicy.{field} must be True, False or 'offload', got {value!r}")
-        internals = self.save_block_internals
-        if isinstance(internals, str):
-            raise ValueError(
-                f"ScanCheckpointPolicy.save_block_internals must be a bool or a list of names, got the string "
-                f"{internals!r}; write [{internals!r}]"
-            )
-        if not isinstance(internals, bool):
-            object.__setattr__(self, "save_block_internals", tuple(internals))
-        if not isinstance(self.nested, bool) and (not isinstance(self.nested, int) or self.nested < 1):
-            raise ValueError(f"ScanCheckpointPolicy.nested must be a bool or a positive int, got {self.nested!r}")
-
-    @staticmethod
-    def from_bool_or_str(remat_config: ScanCheckpointSpec) -> ScanCheckpointPolicy:
-        """Turn a shortcut into a policy.
-
-        Shortcuts: ``False``/``None``/``"none"`` (no checkpointing), ``True``/``"full"``/``"recompute"``
-        (keep each block's carry, recompute its internals), ``"save_carries"`` (the same, named
-        explicitly), ``"save_inputs"`` (keep carries and the per-block extra inputs), ``"nested"``
-        (sqrt-N nested checkpointing), ``"offload"`` (carries and inputs to host memory), ``"save_all"``
-        (keep everything), a list of names (also keep those tagged internals), or a policy.
-
-        Args:
-            remat_config: the shortcut.
-
-        Returns:
-            The policy.
-
-        Raises:
-            ValueError: for an unknown string (the message lists the known ones).
-            TypeError: for another type.
-        """
-        if isinstance(remat_config, ScanCheckpointPolicy):
-            return remat_config
-        if remat_config is None or remat_config is False:
-            return ScanCheckpointPolicy(disable=True)
-        if remat_config is True:
-            return ScanCheckpointPolicy()
-        if isinstance(remat_config, str):
-            if remat_config not in _SHORTCUTS:
-                raise ValueError(
-                    f"unknown gradient checkpointing policy {remat_config!r}; expected one of {sorted(_SHORTCUTS)}, "
-                    "a bool, a list of internal names, or a ScanCheckpointPolicy"
-                )
-            return _SHORTCUTS[remat_config]
-        if isinstance(remat_config, (list, tuple)) and all(isinstance(n, str) for n in remat_config):
-            return ScanCheckpointPolicy(save_block_internals=tuple(remat_config))
-        raise TypeError(
-            f"gradient checkpointing must be a bool, a string, a list of names or a policy, got {remat_config!r}"
-        )
-
-    def _jax_policy(self) -> Callable[..., Any]:
-        if self.save_block_internals is True:
-            return jax.checkpoint_policies.everything_saveable
-        internals = () if self.save_block_internals is False else tuple(self.save_block_internals)
-        saved = list(internals)
-        offloaded: list[str] = []
-        for value, name in ((self.save_carries, _CARRY), (self.save_inputs, _INPUTS)):
-            if value == "offload":
-                offloaded.append(name)
-            elif value:
-                saved.append(name)
-        if offloaded:
-            return jax.checkpoint_policies.save_and_offload_only_these_names(
-                names_which_can_be_saved=saved,
-                names_which_can_be_offloaded=offloaded,
-                offload_src="device",
-                offload_dst="pinned_host",
-            )
-        return jax.checkpoint_policies.save_only_these_names(*saved)
-
-    def checkpoint(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        """Wrap a block step ``step(carry, block, *args, **kwargs)`` with this policy.
-
-        The carry and the extra arguments are tagged so that ``save_carries``/``save_inputs`` apply;
-        non-array arguments stay static.
-
-        Args:
-            step: the step function.
-
-        Returns:
-            The checkpointed step (``step`` itself when ``disable``).
-        """
-        if self.disable:
-            return step
-
-        def tagged(carry: Any, block: Any, *args: Any, **kwargs: Any) -> Any:
-            carry = tree_checkpoint_name(carry, _CARRY)
-            args, kwargs = tree_checkpoint_name((args, kwargs), _INPUTS)
-            return step(carry, block, *args, **kwargs)
-
-        return eqx.filter_checkpoint(tagged, prevent_cse=self.prevent_cse, policy=self._jax_policy())
-
-
-_SHORTCUTS: dict[str, ScanCheckpointPolicy] = {
-    "none": ScanCheckpointPolicy(disable=True),
-    "full": ScanCheckpointPolicy(),
-    "recompute": ScanCheckpointPolicy(),
-    "save_carries": ScanCheckpointPolicy(save_carries=True, save_inputs=False),
-    "save_inputs": ScanCheckpointPolicy(save_carries=True, save_inputs=True),
-    "nested": ScanCheckpointPolicy(nested=True),
-    "offload": ScanCheckpointPolicy(save_carries="offload", save_inputs="offload"),
-    "save_all": ScanCheckpointPolicy(save_block_internals=True),
-}
-
-ScanCheckpointSpec = ScanCheckpointPolicy | bool | str | Sequence[str] | None
-"""A policy, or a shortcut accepted by :meth:`ScanCheckpointPolicy.from_bool_or_str`."""
+# Haliax's private names for the state-dict helpers (its tests import them from here)
+_stack_state_dict = stack_state_dict
+_unstack_state_dict = unstack_state_dict
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -269,52 +113,21 @@ def _stack_layers(Block: Axis, trees: Sequence[Any]) -> Any:
     return jax.tree_util.tree_map(one, *trees, is_leaf=_is_named)
 
 
-def _split_layers(tree: Any, Block: Axis, Outer: Axis, Inner: Axis) -> Any:
-    """Reshape the layers axis ``Block`` into ``(Outer, Inner)`` (``Inner`` keeps ``Block``'s name)."""
-
-    def one(leaf: Any) -> Any:
-        dim = _layer_dim(leaf, Block.name)
-        if dim is None:
-            return leaf
-        if isinstance(leaf, NamedArray):
-            shape = (*leaf.array.shape[:dim], Outer.size, Inner.size, *leaf.array.shape[dim + 1 :])
-            axes = (*leaf.axes[:dim], Outer, Inner, *leaf.axes[dim + 1 :])
-            return NamedArray(jnp.reshape(leaf.array, shape), axes)
-        return jnp.reshape(leaf, (Outer.size, Inner.size, *tuple(leaf.shape[1:])))
-
-    return jax.tree_util.tree_map(one, tree, is_leaf=_is_named)
-
-
-def _merge_layers(tree: Any, Block: Axis, Outer: Axis) -> Any:
-    """Inverse of :func:`_split_layers` for scan outputs, whose two leading dims are ``(Outer, Inner)``."""
-
-    def one(leaf: Any) -> Any:
-        if isinstance(leaf, NamedArray):
-            if not leaf.axes or leaf.axes[0].name != Outer.name:
-                return leaf
-            return NamedArray(jnp.reshape(leaf.array, (Block.size, *leaf.array.shape[2:])), (Block, *leaf.axes[2:]))
-        if eqx.is_array(leaf):
-            return jnp.reshape(leaf, (Block.size, *leaf.shape[2:]))
-        return leaf
-
-    return jax.tree_util.tree_map(one, tree, is_leaf=_is_named)
-
-
-def _nested_groups(n: int, nested: bool | int) -> int:
-    if nested is True:
-        target = math.isqrt(n)
-        return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))
-    groups = int(nested)
-    if n % groups != 0:
-        raise ValueError(f"nested checkpointing: {groups} groups do not divide {n} layers; choose a divisor of {n}")
-    return groups
-
-
 # ---------------------------------------------------------------------------------------------------
 
 
 def _module_init(module: Any) -> Callable[..., Any]:
     return getattr(module, "init", module)
+
+
+def _resolve_unroll(unroll: Unroll) -> int | bool:
+    if unroll is None:
+        return 1
+    if isinstance(unroll, bool):
+        return unroll
+    if int(unroll) < 1:
+        raise ValueError(f"unroll must be a bool or a positive int, got {unroll!r}")
+    return int(unroll)
 
 
 @runtime_checkable
@@ -323,33 +136,52 @@ class BlockFoldable(Protocol[M_co]):
 
     Block: Axis
 
-    def fold(self, init: Any, *args: Any, **kwargs: Any) -> Any:
+    def fold(self, init: Any, *args: Any, unroll: Unroll = None, **kwargs: Any) -> Any:
         """Apply the blocks in order, feeding each one's output to the next."""
         ...
 
-    def scan(self, init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def scan(self, init: Any, *args: Any, unroll: Unroll = None, **kwargs: Any) -> tuple[Any, Any]:
         """Apply blocks that return ``(carry, output)``; outputs are stacked along the layers axis."""
+        ...
+
+    def fold_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., Any]:
+        """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` instead of calling the block."""
+        ...
+
+    def scan_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., tuple[Any, Any]]:
+        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)``."""
         ...
 
     def vmap(self, init: Any, *args: Any, **kwargs: Any) -> Any:
         """Apply every block to the same input; outputs are stacked along the layers axis."""
         ...
 
+    def vmap_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Apply ``fn(block, *args, **kwargs)`` to every block; outputs are stacked along the layers axis."""
+        ...
+
     def unstacked(self) -> Sequence[M_co]:
         """The blocks as a sequence of modules."""
         ...
 
+    def get_layer(self, index: int) -> M_co:
+        """Block ``index`` as a separate module."""
+        ...
+
 
 class _LayerSequence(ModuleWithStateDictSerialization, Generic[M]):
-    """What `Stacked` and `BlockSeq` share: fold/scan/vmap are defined by each one's `_run` and `vmap_via`."""
+    """What `Stacked` and `BlockSeq` share: fold/scan/vmap are `fold_via`/`scan_via`/`vmap_via` of the block call."""
 
-    def _run(self, fn: Callable[..., Any], with_outputs: bool) -> Callable[..., tuple[Any, Any]]:
+    def fold_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def scan_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., tuple[Any, Any]]:
         raise NotImplementedError
 
     def vmap_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         raise NotImplementedError
 
-    def fold(self, init: Any, *args: Any, **kwargs: Any) -> Any:
+    def fold(self, init: Any, *args: Any, unroll: Unroll = None, **kwargs: Any) -> Any:
         """Apply the blocks in order: ``x = block_i(x, *args_i, **kwargs_i)`` for each layer ``i``.
 
         Arguments with the layers axis are split per layer; the rest go to every block.
@@ -357,25 +189,30 @@ class _LayerSequence(ModuleWithStateDictSerialization, Generic[M]):
         Args:
             init: the input of the first block.
             *args: extra positional arguments for each block.
+            unroll: layers unrolled per loop iteration (True: all; ignored by :class:`BlockSeq`).
             **kwargs: extra keyword arguments for each block.
 
         Returns:
             The output of the last block.
         """
-        return self.fold_via(_call_block)(init, *args, **kwargs)
+        return self.fold_via(_call_block, unroll=unroll)(init, *args, **kwargs)
 
-    def scan(self, init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def scan(self, init: Any, *args: Any, unroll: Unroll = None, **kwargs: Any) -> tuple[Any, Any]:
         """Apply blocks that return ``(carry, output)``; outputs are stacked along the layers axis.
 
         Args:
             init: the input carry of the first block.
             *args: extra positional arguments for each block.
+            unroll: layers unrolled per loop iteration (True: all; ignored by :class:`BlockSeq`).
             **kwargs: extra keyword arguments for each block.
 
         Returns:
             ``(last carry, outputs with the layers axis first)``.
+
+        Raises:
+            ValueError: if a block does not return a pair.
         """
-        return self.scan_via(_call_block)(init, *args, **kwargs)
+        return self.scan_via(_call_block, unroll=unroll)(init, *args, **kwargs)
 
     def vmap(self, init: Any, *args: Any, **kwargs: Any) -> Any:
         """Apply every block to the same ``init`` in parallel; outputs are stacked along the layers axis.
@@ -389,29 +226,6 @@ class _LayerSequence(ModuleWithStateDictSerialization, Generic[M]):
             The outputs, with the layers axis first.
         """
         return self.vmap_via(_call_block)(init, *args, **kwargs)
-
-    def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` instead of calling the block.
-
-        Args:
-            fn: e.g. an unbound method such as ``Block.decode``.
-
-        Returns:
-            A function ``(init, *args, **kwargs) -> final carry``.
-        """
-        run = self._run(fn, with_outputs=False)
-        return lambda init, *args, **kwargs: run(init, *args, **kwargs)[0]
-
-    def scan_via(self, fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
-        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)``.
-
-        Args:
-            fn: the per-block function.
-
-        Returns:
-            A function ``(init, *args, **kwargs) -> (final carry, stacked outputs)``.
-        """
-        return self._run(fn, with_outputs=True)
 
 
 class Stacked(_LayerSequence[M]):
@@ -479,39 +293,52 @@ class Stacked(_LayerSequence[M]):
 
         @functools.wraps(factory)
         def build(*args: Any, **kwargs: Any) -> Stacked[M]:
-            stacked = _hax_vmap(factory, Block)(*args, **kwargs)
+            stacked = haliax.vmap(factory, Block)(*args, **kwargs)
             return cls(stacked, Block, policy)
 
         return build
 
-    @property
-    def _policy(self) -> ScanCheckpointPolicy:
-        return ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing)
+    def fold_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., Any]:
+        """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` instead of calling the block.
 
-    def _run(self, fn: Callable[..., Any], with_outputs: bool) -> Callable[..., Any]:
-        policy = self._policy
+        Same argument rules as :func:`ponente.namedtensor.fold` over the layers axis (one compiled block).
 
-        def step(carry: Any, block: Any, *args: Any, **kwargs: Any) -> Any:
-            out = fn(block, carry, *args, **kwargs)
-            return out if with_outputs else (out, None)
+        Args:
+            fn: e.g. an unbound method such as ``Block.decode``.
+            unroll: layers unrolled per loop iteration (True: all).
 
-        block_step = policy.checkpoint(step)
+        Returns:
+            A function ``(init, *args, **kwargs) -> final carry``.
+        """
+
+        def step(carry: Any, block: M, *args: Any, **kwargs: Any) -> Any:
+            return fn(block, carry, *args, **kwargs)
+
+        def run(init: Any, *args: Any, **kwargs: Any) -> Any:
+            fold = haliax.fold(step, self.Block, remat=self.gradient_checkpointing, unroll=_resolve_unroll(unroll))
+            return fold(init, self.stacked, *args, **kwargs)
+
+        return run
+
+    def scan_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., tuple[Any, Any]]:
+        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)``.
+
+        Same argument rules as :func:`ponente.namedtensor.scan` over the layers axis (one compiled block).
+
+        Args:
+            fn: the per-block function.
+            unroll: layers unrolled per loop iteration (True: all).
+
+        Returns:
+            A function ``(init, *args, **kwargs) -> (final carry, outputs with the layers axis first)``.
+        """
+
+        def step(carry: Any, block: M, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            return fn(block, carry, *args, **kwargs)
 
         def run(init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            if not policy.nested or policy.disable:
-                return _hax_scan(block_step, self.Block)(init, self.stacked, *args, **kwargs)
-            groups = _nested_groups(self.Block.size, policy.nested)
-            Outer = Axis(f"{self.Block.name}__group", groups)
-            Inner = Axis(self.Block.name, self.Block.size // groups)
-            inner_scan = _hax_scan(block_step, Inner)
-
-            @functools.partial(eqx.filter_checkpoint, prevent_cse=policy.prevent_cse)
-            def group_step(carry: Any, group: Any, *group_args: Any, **group_kwargs: Any) -> Any:
-                return inner_scan(carry, group, *group_args, **group_kwargs)
-
-            split = _split_layers((self.stacked, args, kwargs), self.Block, Outer, Inner)
-            carry, ys = _hax_scan(group_step, Outer)(init, split[0], *split[1], **split[2])
-            return carry, _merge_layers(ys, self.Block, Outer)
+            scan = haliax.scan(step, self.Block, remat=self.gradient_checkpointing, unroll=_resolve_unroll(unroll))
+            return scan(init, self.stacked, *args, **kwargs)
 
         return run
 
@@ -527,7 +354,7 @@ class Stacked(_LayerSequence[M]):
         Block = self.Block
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            return _hax_vmap(fn, Block)(self.stacked, *args, **kwargs)
+            return haliax.vmap(fn, Block)(self.stacked, *args, **kwargs)
 
         return run
 
@@ -582,6 +409,9 @@ class Stacked(_LayerSequence[M]):
         """Read numbered per-layer keys (``{prefix}.{i}.…``) back into the stacked block."""
         stacked = stack_state_dict(state_dict, prefix, self.Block.size)
         return dataclasses.replace(self, stacked=from_state_dict(self.stacked, stacked, prefix))
+
+
+LayerStack.register(Stacked)  # scan_aware_tree_map maps a Stacked per layer
 
 
 def _call_block(block: Any, carry: Any, *args: Any, **kwargs: Any) -> Any:
@@ -644,14 +474,26 @@ class BlockSeq(_LayerSequence[M]):
 
         return build
 
-    def _run(self, fn: Callable[..., Any], with_outputs: bool) -> Callable[..., tuple[Any, Any]]:
-        policy = self._policy
+    def _unrolled(self, fn: Callable[..., Any], with_outputs: bool) -> Callable[..., tuple[Any, Any]]:
+        # unrolled blocks are not inside a scan, so XLA could merge recomputation back into the forward pass
+        policy = dataclasses.replace(
+            ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing), nested=False, prevent_cse=True
+        )
 
-        def step(carry: Any, block: Any, *args: Any, **kwargs: Any) -> Any:
+        def step(carry: Any, block: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            carry = tree_checkpoint_name(carry, _CARRY)
+            args, kwargs = tree_checkpoint_name((args, kwargs), _INPUTS)
             out = fn(block, carry, *args, **kwargs)
-            return out if with_outputs else (out, None)
+            if not with_outputs:
+                return out, None
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                raise ValueError(
+                    f"BlockSeq.scan: each block must return a pair (carry, output), got {type(out).__name__} "
+                    "(use fold for blocks that return only the carry)"
+                )
+            return out[0], out[1]
 
-        block_step = policy.checkpoint(step)
+        block_step = policy.checkpoint(step, _CARRY, _INPUTS)
 
         def run(init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             carry = init
@@ -664,11 +506,30 @@ class BlockSeq(_LayerSequence[M]):
 
         return run
 
-    @property
-    def _policy(self) -> ScanCheckpointPolicy:
-        # unrolled blocks are not inside a scan, so XLA could merge recomputation back into the forward pass
-        policy = ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing)
-        return dataclasses.replace(policy, nested=False, prevent_cse=True)
+    def fold_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., Any]:
+        """Fold with ``fn(block, carry, *args, **kwargs) -> carry``, one block after the other.
+
+        Args:
+            fn: the per-block function.
+            unroll: accepted for :class:`Stacked`'s interface (a BlockSeq is always unrolled).
+
+        Returns:
+            A function ``(init, *args, **kwargs) -> final carry``.
+        """
+        run = self._unrolled(fn, with_outputs=False)
+        return lambda init, *args, **kwargs: run(init, *args, **kwargs)[0]
+
+    def scan_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., tuple[Any, Any]]:
+        """Scan with ``fn(block, carry, *args, **kwargs) -> (carry, output)``, one block after the other.
+
+        Args:
+            fn: the per-block function.
+            unroll: accepted for :class:`Stacked`'s interface (a BlockSeq is always unrolled).
+
+        Returns:
+            A function ``(init, *args, **kwargs) -> (final carry, outputs with the layers axis first)``.
+        """
+        return self._unrolled(fn, with_outputs=True)
 
     def vmap_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Apply ``fn(block, *args, **kwargs)`` to every block; outputs stacked along the layers axis.

@@ -21,15 +21,8 @@ process raises :class:`CheckpointWriteError` on all of them.
 
 from ._checkpointer import Checkpointer, CheckpointerConfig, CheckpointInterval
 from ._discovery import CheckpointInfo, cleanup_uncommitted, discover_checkpoints, latest_checkpoint_path
-from ._io import (
-    METADATA_FILE,
-    CheckpointError,
-    delete_checkpoint,
-    load_checkpoint,
-    read_metadata,
-    save_checkpoint,
-    sync_processes,
-)
+from ._io import CheckpointError, load_checkpoint, save_checkpoint, sync_processes
+from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 from ._sync import CheckpointWriteError
 
 __all__ = [

@@ -13,8 +13,10 @@ from typing import Any
 import jax
 
 from . import _location as loc
-from ._discovery import cleanup_uncommitted, discover_checkpoints
-from ._io import PathLike, delete_checkpoint, snapshot, write_snapshot
+from ._discovery import cleanup_uncommitted, discover_checkpoints, latest_checkpoint_path
+from ._io import snapshot, write_snapshot
+from ._location import PathLike
+from ._marker import delete_checkpoint
 from ._sync import CheckpointWriteError
 
 logger = logging.getLogger(__name__)
@@ -199,8 +201,6 @@ class Checkpointer:
 
     def latest_checkpoint_path(self) -> str | None:
         """The run's committed checkpoint with the highest step (waits for nothing)."""
-        from ._discovery import latest_checkpoint_path
-
         return latest_checkpoint_path(self.run_path)
 
     def on_step(self, tree: Any, step: int, *, force: bool = False) -> bool:

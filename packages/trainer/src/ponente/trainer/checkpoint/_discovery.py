@@ -1,4 +1,4 @@
-"""Finding committed checkpoints below a run directory or base path, and cleaning up incomplete ones."""
+"""Finding the committed checkpoints below a run directory or base path, and cleaning up the incomplete ones."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import logging
 import re
 
 from . import _location as loc
-from ._io import METADATA_FILE, PathLike, delete_checkpoint, read_metadata
+from ._location import PathLike
+from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +105,22 @@ def cleanup_uncommitted(run_path: PathLike) -> list[str]:
             delete_checkpoint(c.path)
             deleted.append(c.path)
     return deleted
+
+
+def resolve_checkpoint(path: PathLike) -> str:
+    """``path`` if it is a committed checkpoint, else the latest committed checkpoint below it.
+
+    Raises:
+        FileNotFoundError: if there is no committed checkpoint there; the message names the directory.
+    """
+    target = loc.normalize(path)
+    if read_metadata(target) is not None:
+        return target
+    latest = latest_checkpoint_path(target)
+    if latest is None:
+        raise FileNotFoundError(
+            f"no committed checkpoint at {target}: neither {target}/{METADATA_FILE} nor a committed step-*/ "
+            f"directory below it exists (directories without {METADATA_FILE} are incomplete and ignored)"
+        )
+    logger.info("%s is not a checkpoint itself; loading its latest committed checkpoint %s", target, latest)
+    return latest

@@ -27,13 +27,13 @@ import tensorstore as ts
 from ponente.trainer.versions import ponente_versions, runtime_versions
 
 from . import _location as loc
+from ._discovery import resolve_checkpoint
+from ._location import PathLike
+from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 from ._sync import agree, next_save_id
 from ._tree import Kind, array_of, axis_names, flatten, key_impl_name, kind_of, map_shardings, rewrap
 
 logger = logging.getLogger(__name__)
-
-METADATA_FILE = "metadata.json"
-"""The commit marker: a checkpoint directory is valid exactly when this file exists."""
 
 FORMAT_VERSION = 2
 """2: one OCDBT store per writing process (``process-<i>/``) plus its piece list; 1: one shared store."""
@@ -43,7 +43,6 @@ _MAX_CHUNK_BYTES = 64 << 20
 # enough that several files are written in parallel (128 MB measured ~1.5x slower on a 300 MB state).
 _DATA_FILE_BYTES = 32 << 20
 
-PathLike = str | os.PathLike[str]
 ShardingSpec = jax.sharding.Sharding | Callable[[Any], Any] | Any
 
 
@@ -353,22 +352,6 @@ def save_checkpoint(tree: Any, path: PathLike, *, step: int, metadata: Mapping[s
     return write_snapshot(snapshot(tree, step, copy=False), path, metadata=metadata)
 
 
-def delete_checkpoint(path: PathLike) -> None:
-    """Delete a checkpoint directory: its commit marker first, so a crash midway never leaves a broken one."""
-    target = loc.normalize(path)
-    loc.delete_key(target, METADATA_FILE)
-    loc.delete_tree(target)
-
-
-def read_metadata(path: PathLike) -> dict[str, Any] | None:
-    """The parsed ``metadata.json`` of the checkpoint at ``path``, or None if it is not committed."""
-    raw = loc.read_bytes(loc.normalize(path), METADATA_FILE)
-    if raw is None:
-        return None
-    parsed: dict[str, Any] = json.loads(raw)
-    return parsed
-
-
 def _index_key(index: Any) -> tuple[tuple[int | None, int | None, int | None], ...]:
     return tuple((s.start, s.stop, s.step) for s in index)
 
@@ -492,27 +475,6 @@ class _PieceReader:
             return out
 
         return assemble
-
-
-def resolve_checkpoint(path: PathLike) -> str:
-    """``path`` if it is a committed checkpoint, else the latest committed checkpoint below it.
-
-    Raises:
-        FileNotFoundError: if there is no committed checkpoint there; the message names the directory.
-    """
-    from ._discovery import latest_checkpoint_path
-
-    target = loc.normalize(path)
-    if read_metadata(target) is not None:
-        return target
-    latest = latest_checkpoint_path(target)
-    if latest is None:
-        raise FileNotFoundError(
-            f"no committed checkpoint at {target}: neither {target}/{METADATA_FILE} nor a committed step-*/ "
-            f"directory below it exists (directories without {METADATA_FILE} are incomplete and ignored)"
-        )
-    logger.info("%s is not a checkpoint itself; loading its latest committed checkpoint %s", target, latest)
-    return latest
 
 
 def load_checkpoint(

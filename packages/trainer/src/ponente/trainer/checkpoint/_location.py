@@ -19,6 +19,9 @@ _ROOT_CONTEXT = ts.Context()
 
 _SCHEMES = ("file", "memory", "gs", "s3")
 
+PathLike = str | os.PathLike[str]
+"""A checkpoint location: a local path or a tensorstore URL (``memory://``, ``gs://``, ``s3://``)."""
+
 
 def context() -> ts.Context:
     """A fresh tensorstore context: new caches, but the process-wide ``memory://`` store.
@@ -29,7 +32,7 @@ def context() -> ts.Context:
     return ts.Context({"cache_pool": {}, "data_copy_concurrency": {}, "file_io_concurrency": {}}, parent=_ROOT_CONTEXT)
 
 
-def normalize(path: str | os.PathLike[str]) -> str:
+def normalize(path: PathLike) -> str:
     """``path`` without a trailing slash; local paths made absolute (``file://`` prefix dropped)."""
     text = os.fspath(path)
     if text.startswith("file://"):

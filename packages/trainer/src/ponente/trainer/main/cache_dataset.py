@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from ponente.datacache import CacheDataset
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.run import parse_command_line
 
 __all__ = ["CacheDatasetConfig", "cache_dataset", "main"]
 
@@ -57,10 +58,7 @@ def cache_dataset(config: CacheDatasetConfig) -> dict[str, CacheDataset]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, build the caches and print where they are; returns the exit code."""
-    from ponente.trainer.config import parse_config
-
-    config = parse_config(CacheDatasetConfig, list(argv) if argv is not None else None, prog="cache_dataset")
-    logging.basicConfig(level=logging.INFO)
+    config = parse_command_line(CacheDatasetConfig, argv, prog="cache_dataset")
     for name, cache in cache_dataset(config).items():
         ledger = cache.ledger
         print(f"{name}: {cache.location} ({ledger.rows} documents, {ledger.lengths.get('input_ids', 0)} tokens)")

@@ -14,7 +14,6 @@ tokens, which makes models with different tokenizers comparable.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -23,6 +22,7 @@ import numpy as np
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.run import load_model_from_checkpoint, parse_command_line
 
 __all__ = ["EvalLmConfig", "EvalResult", "eval_lm", "main", "token_byte_lengths"]
 
@@ -106,8 +106,6 @@ def _load_model(config: EvalLmConfig, vocab_size: int) -> Any:
         from ponente.models.hf import load_pretrained
 
         return load_pretrained(config.hf_checkpoint)
-    from ponente.trainer.main.export_lm_to_hf import load_model_from_checkpoint
-
     assert config.checkpoint_path is not None  # checked in __post_init__
     return load_model_from_checkpoint(config.model, vocab_size, config.checkpoint_path)
 
@@ -167,10 +165,7 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, evaluate and print the results; returns the exit code."""
-    from ponente.trainer.config import parse_config
-
-    logging.basicConfig(level=logging.INFO)
-    config = parse_config(EvalLmConfig, argv, prog="eval_lm")
+    config = parse_command_line(EvalLmConfig, argv, prog="eval_lm")
     for name, r in eval_lm(config).items():
         print(
             f"{name}: loss {r.loss:.4f}  perplexity {r.perplexity:.2f}  bits/byte {r.bits_per_byte:.4f}  "

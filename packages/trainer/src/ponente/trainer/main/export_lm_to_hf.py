@@ -14,14 +14,13 @@ from ``data.tokenizer`` (or ``vocab_size``). The folder loads with
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
-from typing import Any
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.run import export_hf, load_model_from_checkpoint, parse_command_line
 
-__all__ = ["ExportLmToHfConfig", "export_lm_to_hf", "main"]
+__all__ = ["ExportLmToHfConfig", "export_lm_to_hf", "load_model_from_checkpoint", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,48 +52,23 @@ class ExportLmToHfConfig:
             raise ValueError("output_dir: required (the Hugging Face folder to write)")
 
 
-def load_model_from_checkpoint(model_config: LmConfig, vocab_size: int, checkpoint_path: str) -> Any:
-    """Read only the model of a training checkpoint.
-
-    Args:
-        model_config: the model config the checkpoint was trained with.
-        vocab_size: the size of its vocabulary axis.
-        checkpoint_path: a checkpoint directory or a run directory (latest checkpoint).
-
-    Returns:
-        The model.
-    """
-    import equinox as eqx
-    import jax
-
-    import ponente.namedtensor as hax
-    from ponente.trainer.checkpoint import load_checkpoint
-
-    Vocab = hax.Axis("vocab", vocab_size)
-    template = eqx.filter_eval_shape(lambda: model_config.build(Vocab, key=jax.random.PRNGKey(0)))
-    return load_checkpoint(template, checkpoint_path, subpath="model")
-
-
 def export_lm_to_hf(config: ExportLmToHfConfig) -> str:
     """Export as configured; returns the output folder."""
-    from ponente.models.hf import save_pretrained
-    from ponente.trainer.hf_tokenizer import HfTokenizerFiles
-
-    has_tokenizer = config.save_tokenizer or config.vocab_size is None
-    tokenizer = config.data.the_tokenizer if has_tokenizer else None
+    tokenizer = config.data.the_tokenizer if config.save_tokenizer else None
     vocab_size = config.vocab_size if config.vocab_size is not None else config.data.the_vocab_size
     model = load_model_from_checkpoint(config.model, vocab_size, config.checkpoint_path)
-    files = HfTokenizerFiles(tokenizer, model_max_length=config.model.seq_len) if config.save_tokenizer else None
-    save_pretrained(model, config.output_dir, tokenizer=files, max_shard_size=config.max_shard_size)
-    return config.output_dir
+    return export_hf(
+        model,
+        config.output_dir,
+        tokenizer=tokenizer,
+        seq_len=config.model.seq_len,
+        max_shard_size=config.max_shard_size,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and export; returns the exit code."""
-    from ponente.trainer.config import parse_config
-
-    logging.basicConfig(level=logging.INFO)
-    config = parse_config(ExportLmToHfConfig, argv, prog="export_lm_to_hf")
+    config = parse_command_line(ExportLmToHfConfig, argv, prog="export_lm_to_hf")
     print(f"wrote {export_lm_to_hf(config)}")
     return 0
 

@@ -1,20 +1,11 @@
-"""The training loop: :class:`TrainerConfig` and :class:`Trainer` (jitted step, accumulation, metrics, hooks).
-
-A :class:`Trainer` owns the device mesh and the two axis mappings (parameters are stored by one,
-computation runs by the other), compiles one training step with ``named_jit`` and runs it in a loop
-that measures throughput, calls hooks and stops cleanly on Ctrl-C. The model, the loss and the
-optimizer come from the caller, so the loop knows nothing about language models or trackers.
-"""
+"""The :class:`Trainer`: the sharded initial state, the compiled step (with gradient accumulation), the loop."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
-import os
-import secrets
 import signal
 import sys
 import threading
@@ -22,7 +13,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,17 +20,17 @@ import optax
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import NamedArray
-from ponente.namedtensor.partitioning import ResourceMapping, make_mesh, named_jit
+from ponente.namedtensor.partitioning import ResourceMapping, named_jit
 
-from .callbacks import Hook, StepInfo, as_hook
-from .checkpoint import CheckpointerConfig
-from .distributed import DistributedConfig, RayConfig
-from .mfu import device_peak_flops
-from .mfu import mfu as _mfu
-from .state import FilterTree, TrainerState, init_state
-from .tracker import JsonTrackerConfig, TrackerConfig
-
-__all__ = ["LossFn", "NonFiniteLossError", "Trainer", "TrainerConfig"]
+from ..callbacks import Hook, StepInfo, as_hook
+from ..mfu import device_peak_flops
+from ..mfu import mfu as _mfu
+from ..run_id import new_run_id
+from ..state import FilterTree, TrainerState, init_state
+from ._batch import BatchLayout, check_batch, default_loss_weight, is_named, tokens_in
+from ._config import TrainerConfig
+from ._mesh import build_mesh, enable_compilation_cache, init_compiler_options
+from ._step import TrainStep
 
 logger = logging.getLogger(__name__)
 
@@ -50,327 +40,9 @@ scalar NamedArray), or ``(loss, {name: scalar})`` to also log extra per-step met
 auxiliary loss, logged as ``train/<name>``). With gradient accumulation, each microbatch's loss and
 metrics are weighted by its number of loss tokens (see :class:`Trainer`)."""
 
-_DEFAULT_CACHE_DIR = "~/.cache/ponente/jax"
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainerConfig:
-    """How to train: batch sizes, steps, precision, parallelism. Keys follow Levanter's ``trainer:`` section.
-
-    Attributes:
-        seed: the root seed; the model key and the training key are split from ``PRNGKey(seed)``.
-        mp: the ``jmp`` mixed-precision policy, e.g. ``"f32"`` or ``"p=f32,c=bfloat16"`` (parameters,
-            compute, output dtypes).
-        train_batch_size: examples per step (global, over all devices).
-        per_device_parallelism: examples per device per microbatch; -1 means
-            ``train_batch_size / data-axis size`` (no accumulation). Smaller values accumulate gradients
-            over ``train_batch_size / (per_device_parallelism * data-axis size)`` microbatches.
-        per_device_eval_parallelism: examples per device per evaluation batch (-1: as for training).
-        num_train_steps: the number of optimizer steps of the run.
-        steps_per_eval: evaluate every this many steps.
-        max_eval_batches: evaluate on at most this many batches (None: all).
-        id: the run id (None: generated from the time and 6 random hex digits, e.g. ``20250101-120000-a1b2c3``;
-            not reproducible, so set it to resume a run under the same name).
-        model_axis_size: devices per model-parallel group (the ``model`` mesh axis); the rest form ``data``.
-        replica_axis_size: devices per ``replica`` group (within a slice): the batch is split over
-            ``(replica, data)``, while FSDP parameters are split over ``data`` only and copied across replicas.
-        replica_dcn_axis_size: slices (or, on GPUs/CPUs, groups of processes) the ``replica`` axis spans over
-            the data-center network; > 1 builds a hybrid mesh whose ``replica`` axis is
-            ``replica_dcn_axis_size * replica_axis_size``.
-        batch_axis: the logical name of the batch axis.
-        fsdp_axis: logical axis (or axes) of parameters split over ``data`` (None: parameters replicated).
-        tensor_parallel_axes: logical axes split over ``model`` in parameters and computation.
-        axis_resources: extra compute mapping entries (logical -> mesh axis), overriding the defaults.
-        parameter_axis_resources: extra parameter mapping entries, overriding the defaults.
-        compilation_cache_dir: JAX's persistent compilation cache (None: leave JAX's setting alone).
-        crash_on_nan: raise :class:`NonFiniteLossError` on a NaN/Inf loss or gradient norm (else log it).
-        progress_bar: show a tqdm progress bar (only when stderr is a terminal).
-        tracker: where metrics go: one tracker config or a list of them (``type``: ``json``,
-            ``tensorboard``, ``wandb``, ``noop``).
-        checkpointer: where and when checkpoints are written (``base_path``, ``save_interval``, ``keep``).
-        run_dir: where the run record goes (resolved config, ``pip freeze``, git SHA, versions);
-            ``{run_id}`` is replaced by the run id (None: no run record files).
-        load_checkpoint: resume from the run's latest checkpoint: None resumes when one exists, True
-            requires one, False starts fresh.
-        load_checkpoint_path: resume from this checkpoint (or run directory) instead of the run's own.
-        initialize_from: start a new run from another run's checkpoint: its model weights only (a
-            checkpoint or run directory); the step, optimizer state and data position start at zero.
-        allow_config_change: resume even though a field that must stay fixed for bitwise resumption
-            (data, tokenizer, seq_len, batch size, mesh, seed) differs from the checkpoint's config.
-        distributed: how this process joins a multi-host run (``jax.distributed``; detected on SLURM).
-        ray: the Ray cluster that builds data caches with ``data.backend: ray``.
-    """
-
-    seed: int = 0
-    mp: str = "f32"
-    train_batch_size: int = 512
-    per_device_parallelism: int = -1
-    per_device_eval_parallelism: int = -1
-    num_train_steps: int = 400_000
-    steps_per_eval: int = 1000
-    max_eval_batches: int | None = None
-    id: str | None = None
-
-    model_axis_size: int = 1
-    replica_axis_size: int = 1
-    replica_dcn_axis_size: int = 1
-    batch_axis: str = "batch"
-    fsdp_axis: str | list[str] | None = "embed"
-    tensor_parallel_axes: list[str] | None = None
-    axis_resources: dict[str, str] = dataclasses.field(default_factory=dict)
-    parameter_axis_resources: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    compilation_cache_dir: str | None = _DEFAULT_CACHE_DIR
-    crash_on_nan: bool = True
-    progress_bar: bool = True
-
-    tracker: TrackerConfig | tuple[TrackerConfig, ...] = dataclasses.field(default_factory=JsonTrackerConfig)
-    checkpointer: CheckpointerConfig = dataclasses.field(default_factory=CheckpointerConfig)
-    run_dir: str | None = "logs/{run_id}"
-    load_checkpoint: bool | None = None
-    load_checkpoint_path: str | None = None
-    initialize_from: str | None = None
-    allow_config_change: bool = False
-    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
-    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
-
-    def __post_init__(self) -> None:
-        positive = {
-            "train_batch_size": self.train_batch_size,
-            "num_train_steps": self.num_train_steps,
-            "steps_per_eval": self.steps_per_eval,
-            "model_axis_size": self.model_axis_size,
-            "replica_axis_size": self.replica_axis_size,
-            "replica_dcn_axis_size": self.replica_dcn_axis_size,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"trainer.{name} must be >= 1, got {value}")
-        for name in ("per_device_parallelism", "per_device_eval_parallelism"):
-            value = getattr(self, name)
-            if value != -1 and value < 1:
-                raise ValueError(f"trainer.{name} must be -1 (automatic) or >= 1, got {value}")
-        if self.max_eval_batches is not None and self.max_eval_batches < 1:
-            raise ValueError(f"trainer.max_eval_batches must be None or >= 1, got {self.max_eval_batches}")
-
-    @property
-    def compute_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes when computing: batch over ``(replica, data)``, tensor-parallel axes on ``model``."""
-        mapping: dict[str, Any] = {self.batch_axis: ("replica", "data")}
-        mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
-        mapping.update(self.axis_resources)
-        return mapping
-
-    @property
-    def parameter_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes of stored parameters: ``fsdp_axis`` over ``data``, tensor-parallel axes over ``model``.
-
-        Returns:
-            The mapping (``parameter_axis_resources`` entries override the defaults).
-        """
-        fsdp = [self.fsdp_axis] if isinstance(self.fsdp_axis, str) else list(self.fsdp_axis or ())
-        mapping: dict[str, Any] = dict.fromkeys(fsdp, "data")
-        mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
-        mapping.update(self.parameter_axis_resources)
-        return mapping
-
-
-def _build_mesh(config: TrainerConfig, devices: list[Any]) -> jax.sharding.Mesh:
-    """The ``(replica, data, model)`` mesh over ``devices``; hybrid (ICI x DCN) when ``replica_dcn_axis_size > 1``."""
-    model, replica, dcn = config.model_axis_size, config.replica_axis_size, config.replica_dcn_axis_size
-    per_group = model * replica * dcn
-    if len(devices) % per_group != 0:
-        raise ValueError(
-            f"trainer.model_axis_size={model} x replica_axis_size={replica} x replica_dcn_axis_size={dcn} "
-            f"= {per_group} does not divide the {len(devices)} devices"
-            if per_group != model
-            else f"trainer.model_axis_size={model} does not divide the {len(devices)} devices"
-        )
-    if dcn == 1:
-        return make_mesh({"replica": replica, "data": -1, "model": model}, devices=devices)
-    grid = _hybrid_device_grid(config, devices)
-    return jax.sharding.Mesh(grid, ("replica", "data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
-
-
-def _hybrid_device_grid(config: TrainerConfig, devices: list[Any]) -> np.ndarray:
-    """The devices of a hybrid mesh as a ``(replica_dcn * replica, data, model)`` array.
-
-    The granules of the data-center network are the slices (``device.slice_index``, TPU multi-slice) when
-    the devices come from ``replica_dcn_axis_size`` different slices, else the processes (GPUs, CPUs).
-    Granule ``k`` (in increasing slice / process index) fills rows ``k * replica .. (k + 1) * replica - 1``
-    of the ``replica`` axis, so only the ``replica`` axis crosses the slower network.
-    """
-    from jax.experimental import mesh_utils
-
-    model, replica, dcn = config.model_axis_size, config.replica_axis_size, config.replica_dcn_axis_size
-    data = len(devices) // (model * replica * dcn)
-    slices = {getattr(d, "slice_index", None) for d in devices}
-    by_process = None in slices or len(slices) != dcn
-    logger.info("hybrid mesh: %d %s along the replica axis", dcn, "process groups" if by_process else "slices")
-    try:
-        grid: np.ndarray = mesh_utils.create_hybrid_device_mesh(
-            (replica, data, model), (dcn, 1, 1), devices, process_is_granule=by_process
-        )
-    except (ValueError, AssertionError) as e:
-        raise ValueError(
-            f"trainer.replica_dcn_axis_size={dcn}: cannot lay out a hybrid mesh of {dcn} slices/process groups x "
-            f"(replica={replica}, data={data}, model={model}) over {len(devices)} devices: {e}"
-        ) from e
-    return grid
-
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or the gradient norm of a step is NaN or infinite (see ``TrainerConfig.crash_on_nan``)."""
-
-
-def _generate_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def _enable_compilation_cache(path: str) -> None:
-    """Point JAX's persistent compilation cache at ``path`` unless the user configured one already."""
-    if getattr(jax.config, "jax_compilation_cache_dir", None):
-        return
-    resolved = os.path.expanduser(path)
-    os.makedirs(resolved, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", resolved)
-    # cache every compilation that takes noticeable time, so a warm start skips all of them
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-    logger.info("JAX persistent compilation cache: %s", resolved)
-
-
-def _init_compiler_options(mesh: jax.sharding.Mesh) -> dict[str, Any]:
-    """XLA options of the program that builds the initial state.
-
-    That program runs once and only draws random numbers and zeros. On CPU, LLVM's optimization of its
-    threefry kernels costs seconds of compilation for milliseconds of run time (about 5 s against 1 s for
-    the hello world), so it is compiled unoptimized there. The options are part of the compilation (and
-    persistent cache) key, so every run of a configuration still gets the same initial bits.
-    """
-    if mesh.devices.flat[0].platform == "cpu":
-        return {"xla_backend_optimization_level": 0}
-    return {}
-
-
-def _scalar(x: Any) -> jax.Array:
-    array = x.array if isinstance(x, NamedArray) else jnp.asarray(x)
-    if array.ndim != 0:
-        raise ValueError(f"loss_fn must return a scalar, got an array of shape {array.shape}")
-    return array.astype(jnp.float32)
-
-
-def _loss_and_metrics(out: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """A loss function's result: a scalar, or ``(scalar, {name: scalar})`` with extra metrics to log."""
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
-        return _scalar(out[0]), {str(k): _scalar(v) for k, v in out[1].items()}
-    return _scalar(out), {}
-
-
-def _is_named(x: Any) -> bool:
-    return isinstance(x, NamedArray)
-
-
-def _leaves(batch: Any) -> list[Any]:
-    return jax.tree_util.tree_leaves(batch, is_leaf=_is_named)
-
-
-def _batch_size_of(leaf: Any, batch_axis: str) -> int | None:
-    if isinstance(leaf, NamedArray):
-        return leaf.resolve_axis(batch_axis).size if leaf.has_axis(batch_axis) else None
-    return int(np.shape(leaf)[0]) if np.ndim(leaf) > 0 else None
-
-
-def default_loss_weight(batch: Any, batch_axis: str = "batch") -> jax.Array:
-    """How much a microbatch counts when gradients are accumulated: its number of loss tokens.
-
-    Uses ``batch.loss_mask`` (e.g. an ``LmExample``) or ``batch["loss_mask"]`` if present (the sum of the
-    mask), else the number of examples along ``batch_axis``. Accumulating ``weight * grad(mean loss)`` and
-    dividing by the total weight then gives exactly the gradient of the full batch's mean loss.
-
-    Args:
-        batch: the microbatch.
-        batch_axis: the name of the batch axis.
-
-    Returns:
-        A float32 scalar.
-
-    Raises:
-        ValueError: if there is no loss mask and no leaf has the batch axis.
-    """
-    mask = batch.get("loss_mask") if isinstance(batch, Mapping) else getattr(batch, "loss_mask", None)
-    if mask is not None:
-        raw = mask.array if isinstance(mask, NamedArray) else jnp.asarray(mask)
-        return jnp.sum(raw.astype(jnp.float32))
-    for leaf in _leaves(batch):
-        size = _batch_size_of(leaf, batch_axis)
-        if size is not None:
-            return jnp.asarray(size, dtype=jnp.float32)
-    raise ValueError(f"cannot weight a microbatch: it has no loss_mask and no leaf with axis {batch_axis!r}")
-
-
-def _renamed(x: jax.Array, *, axes: tuple[Any, ...], index: int) -> NamedArray:
-    return hax.named(jnp.moveaxis(x, 0, index), axes)
-
-
-def _identity(x: Any) -> Any:
-    return x
-
-
-def _constant(value: Any, _: Any) -> Any:
-    return value
-
-
-def _split_microbatches(batch: Any, batch_axis: str, num_micro: int) -> tuple[Any, Callable[[Any], Any]]:
-    """Stack ``batch`` into ``num_micro`` microbatches along a new leading axis.
-
-    Microbatch ``j`` holds examples ``j, j + n, j + 2n, ...`` (n = ``num_micro``): with the batch split
-    over devices in contiguous blocks, every microbatch then keeps the same share of each device's
-    examples, so no data moves between devices. Returns the stacked arrays and a function that turns
-    one slice of them back into a batch. Leaves without the batch axis are shared by all microbatches.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(batch, is_leaf=_is_named)
-    stacked: list[Any] = []
-    rebuild: list[Callable[[Any], Any]] = []
-    for leaf in leaves:
-        if isinstance(leaf, NamedArray) and leaf.has_axis(batch_axis):
-            index = leaf.axis_indices(batch_axis)
-            Micro = leaf.axes[index].resize(leaf.axes[index].size // num_micro)
-            axes = (*leaf.axes[:index], Micro, *leaf.axes[index + 1 :])
-            moved = jnp.moveaxis(leaf.array, index, 0)
-            per = moved.reshape((Micro.size, num_micro, *moved.shape[1:])).swapaxes(0, 1)
-            stacked.append(per)
-            rebuild.append(functools.partial(_renamed, axes=axes, index=index))
-        elif not isinstance(leaf, NamedArray) and np.ndim(leaf) > 0:
-            arr = jnp.asarray(leaf)
-            per = arr.reshape((arr.shape[0] // num_micro, num_micro, *arr.shape[1:])).swapaxes(0, 1)
-            stacked.append(per)
-            rebuild.append(_identity)
-        else:
-            stacked.append(None)
-            rebuild.append(functools.partial(_constant, leaf))
-
-    def unstack(slices: list[Any]) -> Any:
-        return jax.tree_util.tree_unflatten(treedef, [f(s) for f, s in zip(rebuild, slices)])
-
-    return stacked, unstack
-
-
-def _check_batch(batch: Any, batch_axis: str, expected: int) -> None:
-    for leaf in _leaves(batch):
-        size = _batch_size_of(leaf, batch_axis)
-        if size is not None and size != expected:
-            raise ValueError(
-                f"batch has {size} examples along axis {batch_axis!r}, but trainer.train_batch_size is {expected}"
-            )
-
-
-def _tokens_in(batch: Any) -> int:
-    """Tokens of a batch: the size of its first array (e.g. ``LmExample.tokens`` of shape batch x position)."""
-    leaves = _leaves(batch)
-    if not leaves:
-        return 0
-    first = leaves[0]
-    return int(first.size if isinstance(first, NamedArray) else np.size(first))
 
 
 class _ByIdentity:
@@ -384,25 +56,6 @@ class _ByIdentity:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _ByIdentity) and other.value is self.value
-
-
-@dataclasses.dataclass(frozen=True)
-class _BatchLayout:
-    """The static part of a batch: its tree structure and the axes of each NamedArray leaf."""
-
-    treedef: Any
-    axes: tuple[Any, ...]
-
-    @staticmethod
-    def strip(batch: Any) -> tuple[list[Any], _BatchLayout]:
-        leaves, treedef = jax.tree_util.tree_flatten(batch, is_leaf=_is_named)
-        arrays = [leaf.array if isinstance(leaf, NamedArray) else leaf for leaf in leaves]
-        axes = tuple(leaf.axes if isinstance(leaf, NamedArray) else None for leaf in leaves)
-        return arrays, _BatchLayout(treedef, axes)
-
-    def restore(self, arrays: Sequence[Any]) -> Any:
-        leaves = [a if axes is None else hax.named(a, axes) for a, axes in zip(arrays, self.axes)]
-        return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
 
 class Trainer:
@@ -462,7 +115,7 @@ class Trainer:
         import jmp
 
         if optimizer_metrics_fn is None:
-            from .optim import optimizer_metrics
+            from ..optim import optimizer_metrics
 
             optimizer_metrics_fn = optimizer_metrics
 
@@ -475,15 +128,15 @@ class Trainer:
         self.flops_per_token = flops_per_token
         self.optimizer_metrics_fn: Callable[[Any], Mapping[str, Any]] = optimizer_metrics_fn
         self.loss_weight_fn = loss_weight_fn or (lambda b: default_loss_weight(b, config.batch_axis))
-        self.run_id = config.id if config.id is not None else _generate_run_id()
+        self.run_id = config.id if config.id is not None else new_run_id()
         try:
             self.mp = jmp.get_policy(config.mp)
         except ValueError as e:
             raise ValueError(f"trainer.mp: {config.mp!r} is not a jmp policy such as 'p=f32,c=bfloat16': {e}") from e
         if config.compilation_cache_dir:
-            _enable_compilation_cache(config.compilation_cache_dir)
+            enable_compilation_cache(config.compilation_cache_dir)
 
-        self.mesh = _build_mesh(config, list(jax.devices() if devices is None else devices))
+        self.mesh = build_mesh(config, list(jax.devices() if devices is None else devices))
         self.data_axis_size = self.mesh.shape["replica"] * self.mesh.shape["data"]
         """Shards of the batch: the sizes of the ``replica`` and ``data`` mesh axes multiplied."""
         self.num_microbatches = self._microbatches(config.train_batch_size, config.per_device_parallelism, "train")
@@ -492,19 +145,28 @@ class Trainer:
         # The state enters and leaves by the parameter mapping. The batch is passed as plain arrays plus its
         # (static) axes, so that named_jit does not constrain it by that mapping; the step shards it by the
         # compute mapping instead.
+        step = TrainStep(
+            loss_fn=loss_fn,
+            optimizer=self.optimizer,
+            mp=self.mp,
+            batch_axis=config.batch_axis,
+            num_microbatches=self.num_microbatches,
+            compute_axis_mapping=self.compute_axis_mapping,
+            loss_weight_fn=self.loss_weight_fn,
+            optimizer_metrics_fn=self.optimizer_metrics_fn,
+            lr_schedule=lr_schedule,
+        )
         self._step = named_jit(
-            self._train_step,
+            step.train,
             self.compute_axis_mapping,
             in_axis_resources=self.parameter_axis_mapping,
             out_axis_resources=self.parameter_axis_mapping,
             donate_args=(True, False, False),
         )
-        self._eval = named_jit(
-            self._eval_step, self.compute_axis_mapping, in_axis_resources=self.parameter_axis_mapping
-        )
+        self._eval = named_jit(step.eval, self.compute_axis_mapping, in_axis_resources=self.parameter_axis_mapping)
         # compiled once per (model_init, is_trainable): both are static arguments
         self._init = named_jit(
-            self._build_state, self.parameter_axis_mapping, compiler_options=_init_compiler_options(self.mesh)
+            self._build_state, self.parameter_axis_mapping, compiler_options=init_compiler_options(self.mesh)
         )
         self._stop_reason: str | None = None
         self.last_stop_reason: str | None = None
@@ -626,7 +288,7 @@ class Trainer:
             global_axes = tuple(a.resize(n) for a, n in zip(leaf.axes, shape))
             return hax.named(jax.make_array_from_process_local_data(sharding, data, tuple(shape)), global_axes)
 
-        return jax.tree_util.tree_map(place, batch, is_leaf=_is_named)
+        return jax.tree_util.tree_map(place, batch, is_leaf=is_named)
 
     # -- state -------------------------------------------------------------------------------------
     def initial_state(
@@ -692,95 +354,11 @@ class Trainer:
             >>> state, metrics = trainer.train_step(state, jnp.ones(4))
         """
         placed = self.shard_batch(batch)
-        _check_batch(placed, self.config.batch_axis, self.config.train_batch_size)
+        check_batch(placed, self.config.batch_axis, self.config.train_batch_size)
         start = time.perf_counter()
         with self._on_mesh():
-            self._step.lower(state, *_BatchLayout.strip(placed)).compile()
+            self._step.lower(state, *BatchLayout.strip(placed)).compile()
         logger.debug("training step compiled in %.2f s", time.perf_counter() - start)
-
-    # -- the step ----------------------------------------------------------------------------------
-    def _loss_and_grad(
-        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
-    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-        def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            model = self.mp.cast_to_compute(eqx.combine(params, rest))
-            return _loss_and_metrics(self.loss_fn(model, batch, key=key))
-
-        (loss, extra), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
-        return loss, extra, grads
-
-    def _accumulate(
-        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
-    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-        n = self.num_microbatches
-        stacked, unstack = _split_microbatches(batch, self.config.batch_axis, n)
-        scanned = [s for s in stacked if s is not None]
-        where = [s is not None for s in stacked]
-
-        def micro_grads(index: jax.Array, slices: Any) -> tuple[Any, ...]:
-            it = iter(slices)
-            micro = hax.auto_sharded(unstack([next(it) if w else None for w in where]))
-            loss, extra, grads = self._loss_and_grad(trainable, rest, micro, jax.random.fold_in(key, index))
-            return loss, extra, grads, jnp.asarray(self.loss_weight_fn(micro), jnp.float32)
-
-        def body(carry: Any, xs: Any) -> Any:
-            grad_sum, loss_sum, extra_sum, weight_sum = carry
-            loss, extra, grads, weight = micro_grads(*xs)
-            grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g, grad_sum, grads)
-            extra_sum = {k: extra_sum[k] + weight * v for k, v in extra.items()}
-            return (grad_sum, loss_sum + weight * loss, extra_sum, weight_sum + weight), None
-
-        # the extra metrics' names are only known from tracing the loss once
-        extra_shapes = jax.eval_shape(micro_grads, jnp.zeros((), jnp.int32), [s[0] for s in scanned])[1]
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, trainable)
-        scalar_zero = jnp.zeros((), jnp.float32)
-        init = (zeros, scalar_zero, dict.fromkeys(extra_shapes, scalar_zero), scalar_zero)
-        (grad_sum, loss_sum, extra_sum, weight_sum), _ = jax.lax.scan(body, init, (jnp.arange(n), scanned))
-        total = jnp.maximum(weight_sum, jnp.finfo(jnp.float32).tiny)
-        grads = jax.tree_util.tree_map(lambda g: (g / total).astype(g.dtype), grad_sum)
-        return loss_sum / total, {k: v / total for k, v in extra_sum.items()}, grads
-
-    def _train_step(
-        self, state: TrainerState, arrays: list[Any], layout: _BatchLayout
-    ) -> tuple[TrainerState, dict[str, jax.Array]]:
-        batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
-        next_key, step_key = jax.random.split(state.training_key)
-        loss_key, opt_key = jax.random.split(step_key)
-        trainable, rest = state.split_trainable()
-        if self.num_microbatches == 1:
-            loss, extra, grads = self._loss_and_grad(trainable, rest, batch, loss_key)
-        else:
-            loss, extra, grads = self._accumulate(trainable, rest, batch, loss_key)
-
-        def obj_fn(params: Any) -> jax.Array:
-            model = self.mp.cast_to_compute(eqx.combine(params, rest))
-            return _loss_and_metrics(self.loss_fn(model, batch, key=loss_key))[0]
-
-        updates, opt_state = self.optimizer.update(
-            grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
-        )
-        model = eqx.combine(eqx.apply_updates(trainable, updates), rest)
-        new_state = dataclasses.replace(
-            state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
-        )
-        metrics = {
-            **extra,
-            "loss": loss,
-            "grad_norm": optax.tree.norm(grads),
-            **self.optimizer_metrics_fn(opt_state),
-        }
-        lr = self._learning_rate(state)
-        if lr is not None:
-            metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
-        return new_state, metrics
-
-    def _learning_rate(self, state: TrainerState) -> Any:
-        if self.lr_schedule is not None:
-            return self.lr_schedule(state.step)
-        try:
-            return optax.tree_utils.tree_get(state.opt_state, "learning_rate")
-        except KeyError:  # several learning rates in the state: none is "the" learning rate
-            return None
 
     def train_step(self, state: TrainerState, batch: Any) -> tuple[TrainerState, dict[str, jax.Array]]:
         """One optimizer step on ``batch`` (compiled once; ``state`` is donated, so do not reuse it).
@@ -797,17 +375,11 @@ class Trainer:
         Raises:
             ValueError: if the batch does not have ``train_batch_size`` examples.
         """
-        _check_batch(batch, self.config.batch_axis, self.config.train_batch_size)
+        check_batch(batch, self.config.batch_axis, self.config.train_batch_size)
         with self._on_mesh():
-            return self._step(state, *_BatchLayout.strip(batch))
+            return self._step(state, *BatchLayout.strip(batch))
 
     # -- evaluation --------------------------------------------------------------------------------
-    def _eval_step(self, model: Any, arrays: list[Any], layout: _BatchLayout) -> tuple[jax.Array, jax.Array]:
-        batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
-        loss = _loss_and_metrics(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))[0]
-        weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
-        return loss * weight, weight
-
     def eval_loss(self, state: TrainerState, batches: Iterable[Any], *, batch_size: int | None = None) -> float:
         """The loss of the state's model over ``batches``, each batch weighted by its loss tokens.
 
@@ -835,7 +407,7 @@ class Trainer:
             for i, batch in enumerate(batches):
                 if limit is not None and i >= limit:
                     break
-                weighted, w = self._eval(state.model, *_BatchLayout.strip(self.shard_batch(batch, size)))
+                weighted, w = self._eval(state.model, *BatchLayout.strip(self.shard_batch(batch, size)))
                 total += float(weighted)
                 weight += float(w)
         if weight <= 0:
@@ -930,7 +502,7 @@ class Trainer:
                         )
                     examples = self.config.train_batch_size
                     placed = self.shard_batch(batch)  # in a multi-process run, `batch` holds this process's rows
-                    tokens = _tokens_in(placed)
+                    tokens = tokens_in(placed)
                     state, device_metrics = self.train_step(state, placed)
                     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
                     t2 = time.perf_counter()

@@ -1,0 +1,96 @@
+"""Model FLOPs utilization of the Trainer's step: a Llama-3.2-1B shape at sequence 2048 in bfloat16 on a GPU.
+
+The model (hidden 2048, MLP 8192, 16 layers, 32 heads / 8 KV heads, vocab 128256, untied; seq 2048) trains with
+AdamW through :class:`ponente.trainer.trainer.Trainer` (``mp: p=f32,c=bfloat16``), with every default left on:
+``attn_backend: auto`` and the ``auto`` cross-entropy (fused at this vocabulary). Recorded: step time, tokens/s,
+and MFU = ``3 * LmConfig.flops_per_token * tokens / step time / peak`` where a peak is known for the device
+(``ponente.trainer.mfu``); target on one H100: >= 50 %. The batch size and remat policy are recorded with the
+figures. On a CPU (no known peak) a scaled-down shape (hidden 256, 2 layers, seq 256, vocab 8192, float32) runs
+and only tokens/s are recorded.
+
+Knobs: ``PONENTE_BENCH_MFU_SIZE`` (``1b`` or ``small``; default ``1b`` on GPU/TPU, ``small`` on CPU),
+``PONENTE_BENCH_MFU_BATCH`` (default 4 for ``1b``, 2 for ``small``), ``PONENTE_BENCH_MFU_REMAT`` (the model's
+``gradient_checkpointing``: ``false``, ``true``, ``offload``, ...; default ``false``), ``PONENTE_BENCH_STEPS`` (timed
+steps, default 10).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import optax
+
+import ponente.namedtensor as hax
+from benchmarks.harness import time_fn
+from ponente.models import LlamaConfig
+from ponente.trainer.lm import lm_batch, lm_loss_fn
+from ponente.trainer.mfu import device_peak_flops, mfu
+from ponente.trainer.trainer import Trainer, TrainerConfig
+
+if TYPE_CHECKING:
+    from benchmarks.harness import Recorder
+
+SHAPES: dict[str, tuple[dict[str, Any], int]] = {
+    "1b": (
+        {"hidden_dim": 2048, "intermediate_dim": 8192, "num_layers": 16, "num_heads": 32, "num_kv_heads": 8,
+         "seq_len": 2048},
+        128256,
+    ),
+    "small": (
+        {"hidden_dim": 256, "intermediate_dim": 1024, "num_layers": 2, "num_heads": 8, "num_kv_heads": 2,
+         "seq_len": 256},
+        8192,
+    ),
+}  # fmt: skip
+
+
+def _remat(text: str) -> bool | str:
+    return {"false": False, "true": True}.get(text.lower(), text)
+
+
+def run(rec: Recorder) -> None:
+    """Time the Trainer's step on the Llama-1B shape (or the small one on CPU) and report tokens/s and MFU."""
+    platform = jax.default_backend()
+    size = os.environ.get("PONENTE_BENCH_MFU_SIZE", "small" if platform == "cpu" else "1b")
+    sizes, vocab = SHAPES[size]
+    batch = int(os.environ.get("PONENTE_BENCH_MFU_BATCH", "4" if size == "1b" else "2"))
+    remat = _remat(os.environ.get("PONENTE_BENCH_MFU_REMAT", "false"))
+    steps = int(os.environ.get("PONENTE_BENCH_STEPS", "10"))
+    mp, dtype = ("f32", "fp32") if platform == "cpu" else ("p=f32,c=bfloat16", "bf16")
+    cfg = LlamaConfig(**sizes, gradient_checkpointing=remat)
+    trainer = Trainer(
+        TrainerConfig(
+            train_batch_size=batch, num_train_steps=10**6, mp=mp, compilation_cache_dir=None, progress_bar=False
+        ),
+        optax.adamw(1e-4, weight_decay=0.1),
+        lm_loss_fn(),
+    )
+    state = [trainer.initial_state(lambda k: cfg.build(hax.Axis("vocab", vocab), key=k), key=jax.random.PRNGKey(0))]
+    ids = np.random.default_rng(0).integers(0, vocab, (batch, cfg.seq_len)).astype(np.int32)
+    example = trainer.shard_batch(lm_batch({"input_ids": ids, "segment_ids": np.zeros_like(ids)}))
+
+    def step() -> None:
+        state[0], metrics = trainer.train_step(state[0], example)
+        jax.block_until_ready(metrics["loss"])
+
+    seconds = time_fn(step, warmup=2, repeat=steps)
+    tokens = batch * cfg.seq_len
+    extra = {
+        "shape": size,
+        "batch": batch,
+        "seq_len": cfg.seq_len,
+        "vocab": vocab,
+        "mp": mp,
+        "remat": str(remat),
+        "attn_backend": cfg.attn_backend,
+        "device": jax.devices()[0].device_kind,
+    }
+    rec.record(f"llama_{size}", "step_time", seconds, "s", **extra)
+    rec.record(f"llama_{size}", "tokens_per_second", tokens / seconds, "tokens/s", **extra)
+    peak = device_peak_flops(jax.devices()[0].device_kind, dtype)
+    if peak is not None:
+        value = mfu(cfg.flops_per_token(vocab), tokens, seconds, peak)
+        rec.record(f"llama_{size}", "mfu", value, "fraction", target=">= 0.50 (one H100)", **extra)

@@ -1,0 +1,221 @@
+"""The attention backends by name, what each supports, and how ``"auto"`` picks one per device and call.
+
+:data:`BACKENDS` maps a name to an :class:`AttentionBackend`: the function that computes attention (all with the
+contract of :func:`~ponente.models.attention.attention`) and a ``supports`` check that says, from the static
+facts of a call (:class:`~ponente.models.attention_call.AttentionCall`: device, dtype, shapes, mask features),
+whether the backend computes it, or why not.
+
+=============  ==========  =======  =====  ========  ========  ========  =========================================
+backend        runs on     causal   GQA    window    segments  soft cap  notes
+=============  ==========  =======  =====  ========  ========  ========  =========================================
+``reference``  anywhere    yes      yes    yes       yes       yes       materializes the scores; explicit masks
+``flash``      anywhere    yes      yes    yes       yes       no        pure-JAX blockwise, O(seq * block) memory
+``xla``        anywhere    yes      yes    yes       yes       no        ``jax.nn.dot_product_attention``
+``cudnn``      NVIDIA GPU  yes      yes    yes       yes [1]   no        bf16/fp16, head size % 8, <= 128
+``pallas``     GPU, TPU    yes      yes    TPU only  yes       TPU only  Triton (GPU), splash (TPU) kernels
+=============  ==========  =======  =====  ========  ========  ========  =========================================
+
+[1] as an additive ``(batch, 1, position, key_position)`` bias. Only ``reference`` and ``xla`` take an explicit
+boolean mask.
+
+``"auto"`` (:func:`auto_backend`) is decided statically, never by trying: it walks the device's preference list
+(:data:`AUTO_PREFERENCE`) and takes the first backend that supports the call, skipping ``flash`` below the
+device's :data:`FLASH_MIN_SEQ_LEN` (where materialized scores are both faster and small); ``reference``, which
+supports everything, ends every list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+from ponente.namedtensor import Axis, NamedArray
+
+from .attention_call import AttentionCall
+from .attention_mask import AttentionMask
+from .flash_attention import flash_attention
+from .jax_attention import cudnn_attention, cudnn_supports, xla_attention, xla_supports
+from .pallas_attention import pallas_attention, pallas_supports
+from .reference_attention import reference_attention
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AUTO_PREFERENCE",
+    "BACKENDS",
+    "FLASH_MIN_SEQ_LEN",
+    "AttentionBackend",
+    "AttentionCall",
+    "AttentionFn",
+    "auto_backend",
+    "check_backend_name",
+    "check_soft_cap_backend",
+    "resolve_backend",
+]
+
+
+class AttentionFn(Protocol):
+    """The signature every backend implements (that of :func:`~ponente.models.attention.attention`)."""
+
+    def __call__(
+        self,
+        Pos: Axis,
+        HeadSize: Axis,
+        query: NamedArray,
+        key: NamedArray,
+        value: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        scaling_factor: float | None = None,
+        block_size: int = 128,
+        logit_soft_cap: float | None = None,
+    ) -> NamedArray: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBackend:
+    """One attention backend.
+
+    Attributes:
+        fn: computes attention.
+        supports: None if the backend computes the call, else a phrase saying what it does not support.
+        soft_cap: whether it can soft-cap logits on some device (lets configs reject a hopeless choice early).
+    """
+
+    fn: AttentionFn
+    supports: Callable[[AttentionCall], str | None]
+    soft_cap: bool = False
+
+
+def _flash(
+    Pos: Axis,
+    HeadSize: Axis,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    *,
+    scaling_factor: float | None = None,
+    block_size: int = 128,
+    logit_soft_cap: float | None = None,
+) -> NamedArray:
+    if logit_soft_cap is not None:
+        raise ValueError("attention backend 'flash' does not support logit soft-capping")
+    return flash_attention(
+        Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor, block_size=block_size
+    )
+
+
+def _flash_supports(call: AttentionCall) -> str | None:
+    if call.explicit_mask:
+        return "an explicit NamedArray mask (it computes the mask per block; pass an AttentionMask)"
+    if call.soft_cap:
+        return "logit soft-capping"
+    return None
+
+
+BACKENDS: dict[str, AttentionBackend] = {
+    "reference": AttentionBackend(reference_attention, lambda call: None, soft_cap=True),
+    "flash": AttentionBackend(_flash, _flash_supports),
+    "xla": AttentionBackend(xla_attention, xla_supports),
+    "cudnn": AttentionBackend(cudnn_attention, cudnn_supports),
+    "pallas": AttentionBackend(pallas_attention, pallas_supports, soft_cap=True),
+}
+"""The attention backends by name."""
+
+ATTENTION_BACKENDS = ("auto", *BACKENDS)
+"""The names accepted by :func:`~ponente.models.attention.attention`'s ``backend`` (and ``LmConfig.attn_backend``)."""
+
+AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
+    # cuDNN's fused kernel is the fastest measured (GPU-BASELINE.md: 2.1x the materialized step at seq 2048);
+    # the pure-JAX flash is far slower than materialized scores on a GPU, so it is only taken for memory
+    "gpu": ("cudnn", "flash", "reference"),
+    # splash attention handles every feature; pending TPU measurements
+    "tpu": ("pallas", "flash", "reference"),
+    # measured by the ``attention`` benchmark on a 2-core CPU (see FLASH_MIN_SEQ_LEN); ``xla`` measured slower than
+    # ``flash`` at every length
+    "cpu": ("flash", "reference"),
+}
+"""Per device platform, the backends ``auto`` tries in order (unknown platforms use ``"cpu"``'s)."""
+
+FLASH_MIN_SEQ_LEN: dict[str, int] = {"gpu": 8192, "tpu": 8192, "cpu": 256}
+"""Per platform, the shortest sequence for which ``auto`` takes ``flash`` (shorter: materialized scores).
+
+On GPU/TPU only memory argues for it (scores of 8192² per head); materialized scores are faster there. On a CPU the
+``attention`` benchmark (causal GQA, head size 64, float32, 2 loaded cores) measured flash/reference forward+backward
+time 0.75 at 64 positions, 0.57 at 128, 0.53 at 256 and 0.07-0.15 from 512 to 4096 (benchmarks/README.md); below
+256 positions the gain is small in absolute terms and the reference program is simpler to compile.
+"""
+
+
+def auto_backend(call: AttentionCall) -> str:
+    """The backend ``"auto"`` resolves to for ``call``: the first supporting one in the device's preference list.
+
+    Args:
+        call: the static facts of the call (device, dtype, shapes, mask features).
+
+    Returns:
+        A key of :data:`BACKENDS`.
+
+    Example:
+        >>> auto_backend(AttentionCall("gpu", "bfloat16", seq_len=2048, head_size=64))
+        'cudnn'
+        >>> auto_backend(AttentionCall("gpu", "bfloat16", seq_len=2048, head_size=64, soft_cap=True))
+        'reference'
+    """
+    preference = AUTO_PREFERENCE.get(call.platform, AUTO_PREFERENCE["cpu"])
+    min_flash = FLASH_MIN_SEQ_LEN.get(call.platform, FLASH_MIN_SEQ_LEN["cpu"])
+    for name in preference:
+        if name == "flash" and call.seq_len < min_flash:
+            continue
+        if BACKENDS[name].supports(call) is None:
+            return name
+    return "reference"
+
+
+def check_backend_name(name: str, where: str) -> None:
+    """Raise if ``name`` is not ``"auto"`` or a key of :data:`BACKENDS`.
+
+    Raises:
+        ValueError: naming ``where`` and listing the choices.
+    """
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"{where}: unknown attention backend {name!r}; choose one of {list(ATTENTION_BACKENDS)}")
+
+
+def check_soft_cap_backend(name: str, where: str) -> None:
+    """Raise early if the backend ``name`` can never soft-cap logits (``"auto"`` always picks one that can).
+
+    Raises:
+        ValueError: naming ``where`` and the backends that can.
+    """
+    check_backend_name(name, where)
+    if name != "auto" and not BACKENDS[name].soft_cap:
+        able = ["auto", *(n for n, b in BACKENDS.items() if b.soft_cap)]
+        raise ValueError(f"{where}: the {name!r} attention backend has no logit soft-capping; use one of {able}")
+
+
+def resolve_backend(name: str, call: AttentionCall) -> AttentionBackend:
+    """The backend that computes ``call`` when ``name`` is asked for (``"auto"``: :func:`auto_backend`).
+
+    Args:
+        name: ``"auto"`` or a key of :data:`BACKENDS`.
+        call: the static facts of the call.
+
+    Returns:
+        The backend.
+
+    Raises:
+        ValueError: for an unknown name, or a backend that does not support the call (the message names the
+            unsupported feature or device, and what ``auto`` would pick instead).
+    """
+    check_backend_name(name, "attention")
+    chosen = auto_backend(call) if name == "auto" else name
+    backend = BACKENDS[chosen]
+    reason = backend.supports(call)
+    if reason is not None:
+        raise ValueError(
+            f"attention backend {chosen!r} does not support {reason}; backend='auto' would use "
+            f"{auto_backend(call)!r} here"
+        )
+    return backend

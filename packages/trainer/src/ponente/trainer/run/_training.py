@@ -1,0 +1,65 @@
+"""The training phase of a run: feed a dataset's batches to the trainer until done, preempted or stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._data import rows_recorder
+from ._signals import stop_on_sigterm
+
+if TYPE_CHECKING:
+    from ponente.trainer.state import TrainerState
+    from ponente.trainer.trainer import Trainer
+
+__all__ = ["placeholder_batch", "train_on"]
+
+
+def train_on(
+    trainer: Trainer,
+    state: TrainerState,
+    dataset: Any,
+    *,
+    rows: slice,
+    eval_fn: Callable[[TrainerState], Mapping[str, float]] | None = None,
+) -> TrainerState:
+    """Train ``state`` on the LM batches of ``dataset`` from its step to ``trainer.num_train_steps``.
+
+    The data position is a function of the step alone, so a resumed state continues with the very batches an
+    uninterrupted run would have seen. A first ``SIGTERM`` stops the loop at the next step boundary
+    (:func:`stop_on_sigterm`; ``trainer.last_stop_reason`` then says why); Ctrl-C likewise (the trainer's own).
+
+    Args:
+        trainer: the :class:`~ponente.trainer.trainer.Trainer`.
+        state: the state to train from.
+        dataset: the training set of packed rows (random access by index).
+        rows: the positions of each global batch this process loads (``trainer.process_batch_rows()``).
+        eval_fn: evaluation every ``trainer.steps_per_eval`` steps (e.g. an :class:`Evaluator`; None: none).
+
+    Returns:
+        The final state.
+    """
+    from ponente.trainer.data import DataLoader
+    from ponente.trainer.lm import lm_batch
+
+    tcfg = trainer.config
+    with stop_on_sigterm(trainer.request_stop):
+        loader = DataLoader(
+            dataset, tcfg.train_batch_size, start_step=int(state.step), stop_step=tcfg.num_train_steps, rows=rows
+        )
+        record = rows_recorder(rows, tcfg.train_batch_size)
+        try:
+            named = ((step, lm_batch(record(step, batch))) for step, batch in loader)
+            return trainer.train(state, named, eval_fn=eval_fn)
+        finally:
+            loader.close()
+
+
+def placeholder_batch(rows: slice, seq_len: int) -> dict[str, Any]:
+    """Zeros in the layout of this process's LM training batches, to compile the step before data arrives."""
+    import numpy as np
+
+    from ponente.trainer.lm import lm_batch
+
+    zeros = np.zeros((rows.stop - rows.start, seq_len), dtype=np.int32)
+    return lm_batch({"input_ids": zeros, "segment_ids": zeros})

@@ -1,0 +1,170 @@
+"""The computation of one step, as the :class:`Trainer` compiles it: loss and gradients (accumulated over
+microbatches), the optimizer update and the step's metrics; and the weighted loss of an evaluation batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import NamedArray
+from ponente.namedtensor.partitioning import ResourceMapping
+
+from ..state import TrainerState
+from ._batch import BatchLayout, split_microbatches
+
+
+def _scalar(x: Any) -> jax.Array:
+    array = x.array if isinstance(x, NamedArray) else jnp.asarray(x)
+    if array.ndim != 0:
+        raise ValueError(f"loss_fn must return a scalar, got an array of shape {array.shape}")
+    return array.astype(jnp.float32)
+
+
+def _loss_and_metrics(out: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """A loss function's result: a scalar, or ``(scalar, {name: scalar})`` with extra metrics to log."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+        return _scalar(out[0]), {str(k): _scalar(v) for k, v in out[1].items()}
+    return _scalar(out), {}
+
+
+class TrainStep:
+    """The functions a :class:`Trainer` compiles: :meth:`train` (one optimizer step) and :meth:`eval` (one batch).
+
+    Both take a batch as its plain arrays plus its static :class:`BatchLayout` and shard it by the compute
+    mapping. The loss is the mean over the batch, computed in ``num_microbatches`` microbatches (scanned)
+    when more than one, each weighted by ``loss_weight_fn``; the model is cast to the compute dtype of
+    ``mp`` inside the step, while parameters and gradients keep the parameter dtype.
+
+    Args:
+        loss_fn: ``loss_fn(model, batch, *, key)`` (see ``LossFn``).
+        optimizer: the optax transformation, accepting the extra ``update`` arguments ``loss``, ``obj_fn``, ``key``.
+        mp: the jmp mixed-precision policy.
+        batch_axis: the name of the batch axis.
+        num_microbatches: microbatches per step (1: no accumulation).
+        compute_axis_mapping: logical -> mesh axes while computing.
+        loss_weight_fn: the weight of a (micro)batch.
+        optimizer_metrics_fn: metrics read from the new optimizer state.
+        lr_schedule: the learning-rate schedule for the ``learning_rate`` metric (None: read it from the state).
+    """
+
+    def __init__(
+        self,
+        *,
+        loss_fn: Callable[..., Any],
+        optimizer: optax.GradientTransformationExtraArgs,
+        mp: Any,
+        batch_axis: str,
+        num_microbatches: int,
+        compute_axis_mapping: ResourceMapping,
+        loss_weight_fn: Callable[[Any], Any],
+        optimizer_metrics_fn: Callable[[Any], Mapping[str, Any]],
+        lr_schedule: optax.Schedule | None,
+    ):
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.mp = mp
+        self.batch_axis = batch_axis
+        self.num_microbatches = num_microbatches
+        self.compute_axis_mapping = compute_axis_mapping
+        self.loss_weight_fn = loss_weight_fn
+        self.optimizer_metrics_fn = optimizer_metrics_fn
+        self.lr_schedule = lr_schedule
+
+    def _loss_and_grad(
+        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+            model = self.mp.cast_to_compute(eqx.combine(params, rest))
+            return _loss_and_metrics(self.loss_fn(model, batch, key=key))
+
+        (loss, extra), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+        return loss, extra, grads
+
+    def _accumulate(
+        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        n = self.num_microbatches
+        stacked, unstack = split_microbatches(batch, self.batch_axis, n)
+        scanned = [s for s in stacked if s is not None]
+        where = [s is not None for s in stacked]
+
+        def micro_grads(index: jax.Array, slices: Any) -> tuple[Any, ...]:
+            it = iter(slices)
+            micro = hax.auto_sharded(unstack([next(it) if w else None for w in where]))
+            loss, extra, grads = self._loss_and_grad(trainable, rest, micro, jax.random.fold_in(key, index))
+            return loss, extra, grads, jnp.asarray(self.loss_weight_fn(micro), jnp.float32)
+
+        def body(carry: Any, xs: Any) -> Any:
+            grad_sum, loss_sum, extra_sum, weight_sum = carry
+            loss, extra, grads, weight = micro_grads(*xs)
+            grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g, grad_sum, grads)
+            extra_sum = {k: extra_sum[k] + weight * v for k, v in extra.items()}
+            return (grad_sum, loss_sum + weight * loss, extra_sum, weight_sum + weight), None
+
+        # the extra metrics' names are only known from tracing the loss once
+        extra_shapes = jax.eval_shape(micro_grads, jnp.zeros((), jnp.int32), [s[0] for s in scanned])[1]
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, trainable)
+        scalar_zero = jnp.zeros((), jnp.float32)
+        init = (zeros, scalar_zero, dict.fromkeys(extra_shapes, scalar_zero), scalar_zero)
+        (grad_sum, loss_sum, extra_sum, weight_sum), _ = jax.lax.scan(body, init, (jnp.arange(n), scanned))
+        total = jnp.maximum(weight_sum, jnp.finfo(jnp.float32).tiny)
+        grads = jax.tree_util.tree_map(lambda g: (g / total).astype(g.dtype), grad_sum)
+        return loss_sum / total, {k: v / total for k, v in extra_sum.items()}, grads
+
+    def train(
+        self, state: TrainerState, arrays: list[Any], layout: BatchLayout
+    ) -> tuple[TrainerState, dict[str, jax.Array]]:
+        """One optimizer step: the next state and the metrics ``loss``, ``grad_norm``, ``learning_rate`` (when
+        known) and those of ``optimizer_metrics_fn``, plus the loss function's own (see ``LossFn``)."""
+        batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
+        next_key, step_key = jax.random.split(state.training_key)
+        loss_key, opt_key = jax.random.split(step_key)
+        trainable, rest = state.split_trainable()
+        if self.num_microbatches == 1:
+            loss, extra, grads = self._loss_and_grad(trainable, rest, batch, loss_key)
+        else:
+            loss, extra, grads = self._accumulate(trainable, rest, batch, loss_key)
+
+        def obj_fn(params: Any) -> jax.Array:
+            model = self.mp.cast_to_compute(eqx.combine(params, rest))
+            return _loss_and_metrics(self.loss_fn(model, batch, key=loss_key))[0]
+
+        updates, opt_state = self.optimizer.update(
+            grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
+        )
+        model = eqx.combine(eqx.apply_updates(trainable, updates), rest)
+        new_state = dataclasses.replace(
+            state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
+        )
+        metrics = {
+            **extra,
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            **self.optimizer_metrics_fn(opt_state),
+        }
+        lr = self._learning_rate(state)
+        if lr is not None:
+            metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
+        return new_state, metrics
+
+    def _learning_rate(self, state: TrainerState) -> Any:
+        if self.lr_schedule is not None:
+            return self.lr_schedule(state.step)
+        try:
+            return optax.tree_utils.tree_get(state.opt_state, "learning_rate")
+        except KeyError:  # several learning rates in the state: none is "the" learning rate
+            return None
+
+    def eval(self, model: Any, arrays: list[Any], layout: BatchLayout) -> tuple[jax.Array, jax.Array]:
+        """The loss of ``model`` on one batch times the batch's weight, and the weight."""
+        batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
+        loss = _loss_and_metrics(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))[0]
+        weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
+        return loss * weight, weight
