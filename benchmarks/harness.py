@@ -177,3 +177,33 @@ def compare(
         va, vb = float(a[key]["value"]), float(b[key]["value"])
         out.append((key, va, vb, vb / va if va else float("nan")))
     return out
+
+
+def interleaved_times(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+    """Seconds of each step over ``PONENTE_BENCH_STEPS`` rounds in which every step runs once, in rotating order.
+
+    Timing single steps back to back (rather than a batch of one, then of the other) makes load on a shared
+    machine hit the steps alike; the ratio of round ``i`` compares steps run within the same second.
+    """
+    rounds = int(os.environ.get("PONENTE_BENCH_STEPS", "30"))
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for fn in steps.values():
+        for _ in range(2):  # warm up every step before the first timed round
+            fn()
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            times[n].append(time_fn(steps[n], warmup=0, repeat=1))
+    return times
+
+
+def round_ratio(a: list[float], b: list[float]) -> tuple[float, dict[str, Any]]:
+    """The median of the per-round ratios ``a / b``, and their spread and the ratio of the fastest rounds."""
+    per_round = [x / y for x, y in zip(a, b, strict=True)]
+    spread = {
+        "rounds": len(per_round),
+        "ratio_min": round(min(per_round), 4),
+        "ratio_max": round(max(per_round), 4),
+        "ratio_of_min": round(min(a) / min(b), 4),
+    }
+    return statistics.median(per_round), spread

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
@@ -30,7 +29,7 @@ import numpy as np
 import optax
 
 import ponente.namedtensor as hax
-from benchmarks.harness import time_fn
+from benchmarks.harness import interleaved_times, round_ratio
 from ponente.models import Gpt2Config, LlamaConfig, LmExample, compute_next_token_loss
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
@@ -214,36 +213,6 @@ def bench_train_step(
     ratio, spread = round_ratio(times["trainer"], times["bare_named"])
     rec.record(f"{name}_train_step", "trainer_over_bare_ratio", ratio, "x", **spread, **shape)
     rec.record(f"{name}_train_step", "first_loss_abs_diff", abs(first_named - first_positional), "nats")
-
-
-def interleaved_times(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
-    """Seconds of each step over ``PONENTE_BENCH_STEPS`` rounds in which every step runs once, in rotating order.
-
-    Timing single steps back to back (rather than a batch of one, then of the other) makes load on a shared
-    machine hit the steps alike; the ratio of round ``i`` compares steps run within the same second.
-    """
-    rounds = int(os.environ.get("PONENTE_BENCH_STEPS", "30"))
-    names = list(steps)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for fn in steps.values():
-        for _ in range(2):  # warm up every step before the first timed round
-            fn()
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            times[n].append(time_fn(steps[n], warmup=0, repeat=1))
-    return times
-
-
-def round_ratio(a: list[float], b: list[float]) -> tuple[float, dict[str, Any]]:
-    """The median of the per-round ratios ``a / b``, and their spread and the ratio of the fastest rounds."""
-    per_round = [x / y for x, y in zip(a, b, strict=True)]
-    spread = {
-        "rounds": len(per_round),
-        "ratio_min": round(min(per_round), 4),
-        "ratio_max": round(max(per_round), 4),
-        "ratio_of_min": round(min(a) / min(b), 4),
-    }
-    return statistics.median(per_round), spread
 
 
 _MODELS = {"gpt2": (GPT2, gpt2_params, gpt2_logits), "llama": (LLAMA, _llama_params, _llama_logits)}

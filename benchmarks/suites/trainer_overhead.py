@@ -27,7 +27,8 @@ import numpy as np
 import optax
 
 import ponente.namedtensor as hax
-from benchmarks.suites.trainer import bench_train_step, gpt2_logits, gpt2_params, interleaved_times, round_ratio
+from benchmarks.harness import interleaved_times, round_ratio
+from benchmarks.suites.trainer import bench_train_step, gpt2_logits, gpt2_params
 from ponente.models import Gpt2Config
 from ponente.trainer.config import load_config
 from ponente.trainer.data import DataLoader

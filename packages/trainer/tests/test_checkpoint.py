@@ -168,6 +168,14 @@ def test_numpy_leaves_python_scalars_and_bfloat16(tmp_path: Path) -> None:
     assert loaded["fn"] is jax.nn.relu
 
 
+def test_numpy_scalar_leaves_round_trip(tmp_path: Path) -> None:
+    # np.array(np.int64(3), copy=False) raises under NumPy 2: scalars need a copy-free path of their own
+    tree = {"count": np.int64(3), "scale": np.float32(0.25)}
+    save_checkpoint(tree, tmp_path / "c", step=0)
+    loaded = load_checkpoint({"count": np.int64(0), "scale": np.float32(0)}, tmp_path / "c")
+    assert int(loaded["count"]) == 3 and float(loaded["scale"]) == 0.25
+
+
 def test_memory_location_round_trip_and_discovery() -> None:
     run = f"memory://ckpt-test-{uuid.uuid4().hex}/run"
     state = _train_state()

@@ -10,16 +10,7 @@ output gradient to ``float8_e5m2``) with per-tensor scales derived from a histor
 their new value. :func:`partition_for_grad_overwrite` separates those overwrites from the real
 gradients, and :func:`apply_updates` applies the optimizer's updates and the overwrites together.
 An int8 ``Linear`` (:class:`Int8DotGeneralOp`) has no state: it quantizes both operands at every call.
-
-Example:
-    ```python
-    config = QuantizationConfig(targets=["up_proj"], fp8=True)
-    model = quantize_linear_layers(model, config)
-    grads = eqx.filter_grad(loss_fn)(model, batch)
-    overwrites, grads = partition_for_grad_overwrite(grads)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    model = apply_updates(model, updates, overwrites)
-    ```
+How to quantize a model and apply its updates: :mod:`ponente.namedtensor.quantization`.
 """
 
 from __future__ import annotations

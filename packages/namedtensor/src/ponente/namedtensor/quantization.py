@@ -1,14 +1,9 @@
 """Quantized ``Linear`` layers: FP8 with delayed scaling and int8, chosen per layer by name.
 
-An FP8 ``Linear`` casts its input and kernel to ``float8_e4m3fn`` (and, in the backward pass, the
-output gradient to ``float8_e5m2``) with per-tensor scales derived from a history of absolute maxima
-("delayed scaling"). The scales and histories are not trained: the gradient with respect to them *is*
-their new value. :func:`partition_for_grad_overwrite` separates those overwrites from the real
-gradients, and :func:`apply_updates` applies the optimizer's updates and the overwrites together.
-An int8 ``Linear`` (:class:`Int8DotGeneralOp`) has no state: it quantizes both operands at every call.
-
-The products themselves live in :mod:`ponente.namedtensor.dot_general` (below ``nn``, which uses them); this module,
-above ``nn``, selects the layers and re-exports them.
+The products themselves (how FP8 delayed scaling and int8 work) live in :mod:`ponente.namedtensor.dot_general`,
+below ``nn``, which uses them; this module, above ``nn``, selects the layers and re-exports the products. The
+gradient of an FP8 state is its new value: :func:`partition_for_grad_overwrite` separates those overwrites from
+the real gradients, and :func:`apply_updates` applies both.
 
 Example:
     ```python

@@ -119,7 +119,7 @@ def _copy_pieces(x: Any, copy: bool) -> list[_Piece]:
         # host arrays are the same on every process: process 0 writes them
         if jax.process_index() != 0:
             return []
-        return [_Piece(tuple(slice(None) for _ in np.shape(x)), np.array(x, copy=copy))]
+        return [_Piece(tuple(slice(None) for _ in np.shape(x)), np.array(x) if copy else np.asarray(x))]
     pieces = []
     for shard in x.addressable_shards:
         if shard.replica_id != 0:
