@@ -173,7 +173,8 @@ def test_numpy_scalar_leaves_round_trip(tmp_path: Path) -> None:
     tree = {"count": np.int64(3), "scale": np.float32(0.25)}
     save_checkpoint(tree, tmp_path / "c", step=0)
     loaded = load_checkpoint({"count": np.int64(0), "scale": np.float32(0)}, tmp_path / "c")
-    assert int(loaded["count"]) == 3 and float(loaded["scale"]) == 0.25
+    assert int(loaded["count"]) == 3
+    assert float(loaded["scale"]) == 0.25
 
 
 def test_memory_location_round_trip_and_discovery() -> None:
