@@ -151,7 +151,8 @@ def diagnose_common_issues(module: Any) -> None:
         >>> try:
         ...     diagnose_common_issues(Tied(w, w))
         ... except ModuleProblems as problems:
-        ...     problems.reused_arrays[0][1]
+        ...     array, paths = problems.reused_arrays[0]
+        ...     paths
         ['.a', '.b']
     """
     problems = ModuleProblems()
