@@ -308,3 +308,16 @@ def test_save_skips_none_and_marks_the_format(tmp_path):
     with safe_open(str(path), framework="numpy") as f:
         assert list(f.keys()) == ["w"]
         assert f.metadata() == {"format": "pt"}
+
+
+def test_deprecated_linear_flatteners_are_aliases():
+    lin = hax.nn.Linear.init(hax.Axis("embed", 4), (hax.Axis("heads", 2), hax.Axis("head", 3)), key=jax.random.key(0))
+    with pytest.warns(DeprecationWarning, match="flatten_modules_for_export"):
+        flat = hax.state_dict.flatten_linear_layers(lin)
+    # the exported weight is PyTorch's 2-D (out, in) layout: rows = heads*head, columns = embed
+    names = [ax.name for ax in lin.weight.axes]
+    w = np.transpose(np.asarray(lin.weight.array), [names.index(n) for n in ("heads", "head", "embed")])
+    np.testing.assert_array_equal(np.asarray(flat.weight.array), w.reshape(6, 4))
+    with pytest.warns(DeprecationWarning, match="unflatten_modules_from_export"):
+        back = hax.state_dict.unflatten_linear_layers(lin, flat)
+    np.testing.assert_array_equal(np.asarray(back.weight.array), np.asarray(lin.weight.array))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -27,6 +28,7 @@ from .tree_util import scan_aware_tree_map
 __all__ = [
     "ModuleWithStateDictSerialization",
     "StateDict",
+    "flatten_linear_layers",
     "flatten_modules_for_export",
     "from_state_dict",
     "from_torch_compatible_state_dict",
@@ -36,6 +38,7 @@ __all__ = [
     "to_numpy_state_dict",
     "to_state_dict",
     "to_torch_compatible_state_dict",
+    "unflatten_linear_layers",
     "unflatten_modules_from_export",
     "unstack_state_dict",
     "with_prefix",
@@ -425,6 +428,31 @@ def unflatten_modules_from_export(tree: T, template: T) -> T:
         )
 
     return scan_aware_tree_map(unflatten, tree, template, is_leaf=_is_serializable)
+
+
+def flatten_linear_layers(tree: T) -> T:
+    """Deprecated alias of :func:`flatten_modules_for_export` (kept for one release).
+
+    Unlike the old function, which flattened only ``Linear`` layers, it flattens every module that defines
+    ``flatten_for_export`` (norms over several axes too), as Haliax does.
+    """
+    warnings.warn(
+        "flatten_linear_layers is deprecated and will be removed in the next release; use flatten_modules_for_export",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return flatten_modules_for_export(tree)
+
+
+def unflatten_linear_layers(template: T, flattened: Any) -> T:
+    """Deprecated alias of :func:`unflatten_modules_from_export` (note its argument order: ``(tree, template)``)."""
+    warnings.warn(
+        "unflatten_linear_layers(template, flattened) is deprecated and will be removed in the next release; use "
+        "unflatten_modules_from_export(flattened, template)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return unflatten_modules_from_export(flattened, template)
 
 
 def to_numpy_state_dict(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
