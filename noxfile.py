@@ -32,13 +32,13 @@ SIBLINGS: dict[str, tuple[str, ...]] = {
 # Extras each package's own tests need besides `test` (e.g. the Ray backend of the cache builder).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "namedtensor": ("test",),
-    "datacache": ("test", "ray", "hf"),
+    "datacache": ("test", "ray", "hf", "chat"),
     "models": ("test", "torch"),
     "trainer": ("test", "wandb", "ray"),
 }
 # What mypy and the docs examples need: the packages and the extras the examples import, without the parity
 # stack (torch, transformers), Ray or wandb -- each full-stack venv is ~2.4 GB, and a CI disk is not infinite.
-LEAN_EXTRAS: dict[str, tuple[str, ...]] = {"datacache": ("hf",)}
+LEAN_EXTRAS: dict[str, tuple[str, ...]] = {"datacache": ("hf", "chat")}
 PYTEST_NO_TESTS_COLLECTED = 5
 
 

@@ -16,6 +16,7 @@ from ponente.datacache.errors import (
 from ponente.datacache.hf_source import HFSource
 from ponente.datacache.ledger import Ledger, ShardProgress
 from ponente.datacache.processor import BatchProcessor, PassthroughProcessor, TokenizerProcessor, load_tokenizer
+from ponente.datacache.sft import ChatProcessor, SupervisedProcessor
 from ponente.datacache.source import BadInput, FileSource, Source, expand_inputs
 from ponente.datacache.store import CacheDataset, open_cache
 from ponente.datacache.verify import verify_cache
@@ -26,6 +27,7 @@ __all__ = [
     "BatchProcessor",
     "CacheDataset",
     "CacheNotFoundError",
+    "ChatProcessor",
     "DataCacheError",
     "FileSource",
     "FingerprintMismatchError",
@@ -35,6 +37,7 @@ __all__ = [
     "PassthroughProcessor",
     "ShardProgress",
     "Source",
+    "SupervisedProcessor",
     "TokenizerProcessor",
     "build_cache",
     "expand_inputs",
@@ -46,6 +49,7 @@ __all__ = [
 # --- exports of the datasets layer (maintained by DC2) ---
 from ponente.datacache.dataset import Dataset, InMemoryTokenStore, TokenStore
 from ponente.datacache.mixture import MixtureDataset, StopStrategy, block_counts
+from ponente.datacache.packing import PackedExampleDataset
 from ponente.datacache.permutation import FeistelPermutation, PermutationDataset
 from ponente.datacache.shuffle import EpochDataset, EraShuffleDataset
 from ponente.datacache.token_seq import TokenSeqDataset
@@ -57,6 +61,7 @@ __all__ += [
     "FeistelPermutation",
     "InMemoryTokenStore",
     "MixtureDataset",
+    "PackedExampleDataset",
     "PermutationDataset",
     "StopStrategy",
     "TokenSeqDataset",

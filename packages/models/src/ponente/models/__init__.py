@@ -80,3 +80,9 @@ __all__ += [
     "route_top_k",
 ]
 # --- end Z3 exports ---
+
+# --- H2 (LoRA) exports ---
+from .lora import LoraConfig, LoraLinear  # noqa: E402
+
+__all__ += ["LoraConfig", "LoraLinear"]
+# --- end H2 exports ---

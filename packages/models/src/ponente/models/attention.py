@@ -159,7 +159,12 @@ class Attention(eqx.Module):
         )
 
     def __call__(
-        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, key: jax.Array | None = None
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Attend over the ``position`` axis of ``x``.
 
@@ -167,6 +172,8 @@ class Attention(eqx.Module):
             x: ``(..., position, embed)``.
             mask: the attention mask (or None).
             key: unused (no dropout).
+            pos_ids: integer positions of the tokens for the rotary embedding, over ``position`` (and some batch
+                axes); None: ``0 .. n - 1``. See :func:`~ponente.models.apply_rotary`.
 
         Returns:
             ``(..., position, embed)``.
@@ -176,7 +183,7 @@ class Attention(eqx.Module):
         HeadSize = self.o_proj.weight.resolve_axis("head_size")
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.rotary is not None:
-            q = apply_rotary(q, Pos, HeadSize, self.rotary)
-            k = apply_rotary(k, Pos, HeadSize, self.rotary)
+            q = apply_rotary(q, Pos, HeadSize, self.rotary, pos_ids)
+            k = apply_rotary(k, Pos, HeadSize, self.rotary, pos_ids)
         out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
         return self.o_proj(out)

@@ -340,7 +340,12 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         )
 
     def __call__(
-        self, x: NamedArray, mask: AttentionMask | NamedArray | None, sliding: bool | NamedArray = False
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        sliding: bool | NamedArray = False,
+        *,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Attend over the ``position`` axis of ``x`` (``(..., position, embed)``).
 
@@ -348,6 +353,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
             x: the input.
             mask: the attention mask (None: causal).
             sliding: whether this is a sliding-window layer (a bool, or a scalar boolean NamedArray).
+            pos_ids: the rotary positions over ``position`` (and some batch axes); None: ``0 .. n - 1``.
 
         Returns:
             ``(..., position, embed)``.
@@ -360,7 +366,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
             q, k = self.q_norm(q), self.k_norm(k)
 
         def attend(rope: RotaryConfig, window: int | None) -> NamedArray:
-            qr, kr = apply_rotary(q, Pos, HeadSize, rope), apply_rotary(k, Pos, HeadSize, rope)
+            qr, kr = apply_rotary(q, Pos, HeadSize, rope, pos_ids), apply_rotary(k, Pos, HeadSize, rope, pos_ids)
             m = with_sliding_window(mask, window, Pos)
             return attention(
                 Pos,
@@ -420,10 +426,15 @@ class GemmaDecoderLayer(eqx.Module):
         )
 
     def __call__(
-        self, x: NamedArray, mask: AttentionMask | NamedArray | None, sliding: bool | NamedArray = False
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        sliding: bool | NamedArray = False,
+        *,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
-        """Apply the block to ``(..., position, embed)`` (``sliding``: see :class:`GemmaAttention`)."""
-        attn_out = self.self_attn(self.input_layernorm(x), mask, sliding)
+        """Apply the block to ``(..., position, embed)`` (``sliding``, ``pos_ids``: see :class:`GemmaAttention`)."""
+        attn_out = self.self_attn(self.input_layernorm(x), mask, sliding, pos_ids=pos_ids)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             x = x + attn_out
             return x + self.mlp(self.post_attention_layernorm(x))
@@ -499,6 +510,7 @@ class GemmaLMHeadModel(LmHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states ``(..., position, embed)``, before the output projection.
 
@@ -506,6 +518,7 @@ class GemmaLMHeadModel(LmHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
             key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             The hidden states after the final norm.
@@ -514,7 +527,8 @@ class GemmaLMHeadModel(LmHeadModel):
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
         x = self.transformer.embed_tokens.embed(input_ids)
         x = x * jnp.asarray(math.sqrt(self.config.hidden_dim), dtype=x.dtype)  # the scale is rounded to the dtype
-        x = self.transformer.layers.fold(x, mask, layer_kinds(self.config.layout().layer_types, self.config.Layers))
+        kinds = layer_kinds(self.config.layout().layer_types, self.config.Layers)
+        x = self.transformer.layers.fold(x, mask, kinds, pos_ids=pos_ids)
         return self.transformer.norm(x)
 
     def blockwise_loss_support(self) -> str | None:
@@ -551,13 +565,14 @@ class GemmaLMHeadModel(LmHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
 
         With ``final_logit_softcapping``, logits are ``cap * tanh(logits / cap)``. Padded vocabulary
         entries hold the dtype's most negative value.
         """
-        x = self.activations(input_ids, attn_mask, key=key)
+        x = self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids)
         logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
         cap = self.config.layout().final_logit_softcapping
         if cap is not None:

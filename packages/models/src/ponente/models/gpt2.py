@@ -365,6 +365,7 @@ class Gpt2LMHeadModel(LmHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states ``(..., position, embed)``, before the output projection.
 
@@ -372,6 +373,8 @@ class Gpt2LMHeadModel(LmHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal).
             key: PRNG key for dropout (None: deterministic).
+            pos_ids: the rows of the learned position embedding ``wpe`` to add, over ``position`` (and some batch
+                axes), each below ``config.seq_len``; None: ``0 .. n - 1``.
 
         Returns:
             The hidden states after ``ln_f``.
@@ -386,7 +389,7 @@ class Gpt2LMHeadModel(LmHeadModel):
             )
         k_embed, k_layers = (None, None) if key is None else jax.random.split(key)
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        positions = hax.arange(Pos, dtype=jnp.int32)
+        positions = hax.arange(Pos, dtype=jnp.int32) if pos_ids is None else pos_ids
         x = self.transformer.wte.embed(input_ids) + self.transformer.wpe.embed(positions)
         x = _dropout(x, self.config.embed_pdrop, k_embed)
         layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
@@ -404,6 +407,7 @@ class Gpt2LMHeadModel(LmHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
 
@@ -411,6 +415,7 @@ class Gpt2LMHeadModel(LmHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal).
             key: PRNG key for dropout (None: deterministic).
+            pos_ids: the position-embedding rows (see :meth:`activations`).
 
         Returns:
             The logits; padded vocabulary entries hold the dtype's most negative value.
@@ -418,5 +423,5 @@ class Gpt2LMHeadModel(LmHeadModel):
         Raises:
             ValueError: if the sequence is longer than ``config.seq_len``.
         """
-        logits = self.transformer.wte.unembed(self.activations(input_ids, attn_mask, key=key))
+        logits = self.transformer.wte.unembed(self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids))
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size)

@@ -171,7 +171,12 @@ class QkNormAttention(ModuleWithStateDictSerialization):
         )
 
     def __call__(
-        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, key: jax.Array | None = None
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Attend over the ``position`` axis of ``x`` (``(..., position, embed)``), like :class:`Attention`."""
         del key
@@ -180,8 +185,8 @@ class QkNormAttention(ModuleWithStateDictSerialization):
         HeadSize = a.o_proj.weight.resolve_axis("head_size")
         q, k, v = self.q_norm(a.q_proj(x)), self.k_norm(a.k_proj(x)), a.v_proj(x)
         if a.rotary is not None:
-            q = apply_rotary(q, Pos, HeadSize, a.rotary)
-            k = apply_rotary(k, Pos, HeadSize, a.rotary)
+            q = apply_rotary(q, Pos, HeadSize, a.rotary, pos_ids)
+            k = apply_rotary(k, Pos, HeadSize, a.rotary, pos_ids)
         return a.o_proj(attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size))
 
 
@@ -225,9 +230,11 @@ class LlamaDecoderLayer(eqx.Module):
             ),
         )
 
-    def __call__(self, x: NamedArray, mask: AttentionMask | NamedArray | None) -> NamedArray:
-        """Apply the block to ``(..., position, embed)``."""
-        x = x + self.self_attn(self.input_layernorm(x), mask)
+    def __call__(
+        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, pos_ids: NamedArray | None = None
+    ) -> NamedArray:
+        """Apply the block to ``(..., position, embed)`` (``pos_ids``: the rotary positions, None: ``0 .. n - 1``)."""
+        x = x + self.self_attn(self.input_layernorm(x), mask, pos_ids=pos_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -302,6 +309,7 @@ class LlamaLMHeadModel(LmHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states ``(..., position, embed)``, before the output projection.
 
@@ -309,6 +317,7 @@ class LlamaLMHeadModel(LmHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal).
             key: unused (Llama has no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             The hidden states after the final norm.
@@ -316,7 +325,7 @@ class LlamaLMHeadModel(LmHeadModel):
         del key
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
         x = self.transformer.embed_tokens.embed(input_ids)
-        x = self.transformer.layers.fold(x, mask)
+        x = self.transformer.layers.fold(x, mask, pos_ids=pos_ids)
         return self.transformer.norm(x)
 
     def get_lm_head(self) -> NamedArray:
@@ -334,11 +343,12 @@ class LlamaLMHeadModel(LmHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
 
         Padded vocabulary entries hold the dtype's most negative value.
         """
-        x = self.activations(input_ids, attn_mask, key=key)
+        x = self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids)
         logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size)

@@ -77,6 +77,7 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Compute logits.
 
@@ -84,6 +85,9 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
             input_ids: integer token ids with a ``position`` axis (and any batch axes).
             attn_mask: the attention mask (None: causal).
             key: PRNG key for dropout (unused by deterministic models).
+            pos_ids: integer position of each token over ``position`` (and some batch axes), e.g. restarting at 0
+                for each document packed in a row; None: ``0 .. n - 1``. Rotary embeddings and learned position
+                embeddings read them; keeping packed documents apart is the attention mask's job (segment ids).
 
         Returns:
             Logits with the input's axes followed by ``vocab``.
@@ -95,6 +99,7 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states, i.e. what the output projection (:meth:`get_lm_head`) turns into logits.
 
@@ -105,6 +110,8 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
             input_ids: integer token ids with a ``position`` axis (and any batch axes).
             attn_mask: the attention mask (None: causal).
             key: PRNG key for dropout (unused by deterministic models).
+            pos_ids: integer positions over ``position`` (and some batch axes); None: ``0 .. n - 1`` (see
+                :meth:`__call__`).
 
         Returns:
             ``(..., position, embed)`` hidden states (after the final norm).
@@ -150,6 +157,7 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> tuple[NamedArray, dict[str, NamedArray]]:
         """Logits and the model's auxiliary losses, computed in the same forward pass.
 
@@ -161,11 +169,13 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
             input_ids: integer token ids with a ``position`` axis (and any batch axes).
             attn_mask: the attention mask (None: causal).
             key: PRNG key for dropout (unused by deterministic models).
+            pos_ids: integer positions over ``position`` (and some batch axes); None: ``0 .. n - 1`` (see
+                :meth:`__call__`).
 
         Returns:
             ``(logits, {name: scalar})``.
         """
-        return self(input_ids, attn_mask, key=key), {}
+        return self(input_ids, attn_mask, key=key, **_pos_ids_kwargs(pos_ids)), {}
 
     def activations_and_aux(
         self,
@@ -173,6 +183,7 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> tuple[NamedArray, dict[str, NamedArray]]:
         """:meth:`activations` and the auxiliary losses (see :meth:`logits_and_aux`); default: no auxiliary loss.
 
@@ -180,11 +191,13 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
             input_ids: integer token ids with a ``position`` axis (and any batch axes).
             attn_mask: the attention mask (None: causal).
             key: PRNG key for dropout (unused by deterministic models).
+            pos_ids: integer positions over ``position`` (and some batch axes); None: ``0 .. n - 1`` (see
+                :meth:`__call__`).
 
         Returns:
             ``(hidden states, {name: scalar})``.
         """
-        return self.activations(input_ids, attn_mask, key=key), {}
+        return self.activations(input_ids, attn_mask, key=key, **_pos_ids_kwargs(pos_ids)), {}
 
     # Hugging Face PyTorch parameters stored (in, out) (GPT-2's Conv1D); keys ending with these are transposed
     _hf_transposed_suffixes: ClassVar[tuple[str, ...]] = ()
@@ -218,17 +231,20 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
 
 
 class LmExample(eqx.Module):
-    """One (batch of) training example(s): tokens, a loss mask and an attention mask.
+    """One (batch of) training example(s): tokens, a loss mask, an attention mask and optionally positions.
 
     Attributes:
         tokens: integer ids over ``position`` (and batch axes).
         loss_mask: 1.0 where the prediction of the *next* token counts (over the same axes), else 0.
         attn_mask: the attention mask.
+        pos_ids: the integer position of each token over ``position`` (and some of the tokens' batch axes), passed
+            to the model (see :meth:`LmHeadModel.__call__`); None: ``0 .. n - 1`` in every row.
     """
 
     tokens: NamedArray
     loss_mask: NamedArray
     attn_mask: AttentionMask
+    pos_ids: NamedArray | None = None
 
     @staticmethod
     def causal(
@@ -237,6 +253,7 @@ class LmExample(eqx.Module):
         loss_mask: NamedArray | None = None,
         eos_id: int | None = None,
         segment_ids: NamedArray | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> LmExample:
         """A causal example; documents packed in ``tokens`` get separate segments (from ``segment_ids`` or EOS).
 
@@ -244,19 +261,24 @@ class LmExample(eqx.Module):
         boundary, and the prediction of a token of another segment (the next document's first token) is
         masked. With ``eos_id``, a token belongs to the segment ended by the next EOS (the EOS itself
         included). With ``segment_ids`` (e.g. from a packed dataset), segments are its contiguous runs;
-        with both, a boundary of either one separates segments.
+        with both, a boundary of either one separates segments. ``pos_ids`` (e.g. restarting at 0 in each
+        segment, so that a packed document is embedded as if it were alone) only set the positions the model
+        sees; they do not separate segments.
 
         Args:
             tokens: integer ids with a ``position`` axis.
             loss_mask: an extra mask multiplied in (None: all ones).
             eos_id: the end-of-sequence id used to derive segments (None: no EOS-based segments).
             segment_ids: integer segment ids over ``position`` (and some of the tokens' batch axes).
+            pos_ids: integer positions over ``position`` (and some of the tokens' batch axes); None:
+                ``0 .. n - 1``.
 
         Returns:
             The example.
 
         Raises:
-            ValueError: if ``tokens`` has no ``position`` axis, or ``segment_ids`` has axes ``tokens`` lacks.
+            ValueError: if ``tokens`` has no ``position`` axis, or ``segment_ids`` or ``pos_ids`` has axes
+                ``tokens`` lacks (or lacks ``position``).
 
         Example:
             >>> import jax.numpy as jnp, ponente.namedtensor as hax
@@ -276,15 +298,15 @@ class LmExample(eqx.Module):
         mask = hax.broadcast_to(not_last.astype(jnp.float32), tokens.axes)
         if loss_mask is not None:
             mask = mask * loss_mask.astype(jnp.float32)
-        segments: NamedArray | None = None
-        if segment_ids is not None:
-            extra = [ax.name for ax in segment_ids.axes if not tokens.has_axis(ax.name)]
-            if extra or not segment_ids.has_axis("position"):
+        for name, ids in (("segment_ids", segment_ids), ("pos_ids", pos_ids)):
+            if ids is not None and (
+                any(not tokens.has_axis(ax.name) for ax in ids.axes) or not ids.has_axis(Pos.name)
+            ):
                 raise ValueError(
-                    f"LmExample.causal: segment_ids axes {segment_ids.axis_names} must include 'position' and be "
-                    f"among the tokens' axes {tokens.axis_names}"
+                    f"LmExample.causal: {name} axes {ids.axis_names} must include 'position' and be among the "
+                    f"tokens' axes {tokens.axis_names}"
                 )
-            segments = segment_ids
+        segments = segment_ids
         if eos_id is not None:
             is_eos = (tokens == eos_id).astype(jnp.int32)
             eos_segments = hax.cumsum(is_eos, Pos) - is_eos
@@ -295,7 +317,12 @@ class LmExample(eqx.Module):
             # the target of position i is token i + 1: it only counts inside the same segment
             same_segment = hax.roll(segments, -1, Pos) == segments
             mask = mask * same_segment.astype(jnp.float32)
-        return LmExample(tokens, mask, attn)
+        return LmExample(tokens, mask, attn, pos_ids)
+
+
+def _pos_ids_kwargs(pos_ids: NamedArray | None) -> dict[str, NamedArray]:
+    """``{"pos_ids": pos_ids}``, or no argument for None (so a model whose methods predate ``pos_ids`` still works)."""
+    return {} if pos_ids is None else {"pos_ids": pos_ids}
 
 
 def _merge_segments(a: NamedArray, b: NamedArray, Pos: Axis) -> NamedArray:
@@ -511,7 +538,8 @@ def compute_next_token_loss(
 
     Args:
         model: the model.
-        example: tokens, loss mask and attention mask.
+        example: tokens, loss mask, attention mask and positions (``example.pos_ids``, passed to the model when
+            not None).
         key: PRNG key passed to the model.
         logsumexp_weight: z-loss weight (None or 0: no z-loss).
         loss_dtype: dtype of the loss computation.
@@ -565,7 +593,9 @@ def compute_next_token_loss_and_aux(
     targets = hax.roll(example.tokens, -1, Pos)
     block_size = cross_entropy_block_size(model, block_size)
     if block_size is not None:
-        hidden, aux = model.activations_and_aux(example.tokens, example.attn_mask, key=key)
+        hidden, aux = model.activations_and_aux(
+            example.tokens, example.attn_mask, key=key, **_pos_ids_kwargs(example.pos_ids)
+        )
         loss = blockwise_cross_entropy_loss(
             hidden,
             model.get_lm_head(),
@@ -575,7 +605,9 @@ def compute_next_token_loss_and_aux(
             dtype=loss_dtype,
         )
     else:
-        logits, aux = model.logits_and_aux(example.tokens, example.attn_mask, key=key)
+        logits, aux = model.logits_and_aux(
+            example.tokens, example.attn_mask, key=key, **_pos_ids_kwargs(example.pos_ids)
+        )
         logits = logits.astype(loss_dtype)
         Vocab = model.Vocab
         lse = hax.nn.logsumexp(logits, Vocab)

@@ -117,6 +117,7 @@ class MistralLMHeadModel(LlamaLMHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states ``(..., position, embed)`` (see :meth:`LlamaLMHeadModel.activations`).
 
@@ -124,10 +125,11 @@ class MistralLMHeadModel(LlamaLMHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); the sliding window is applied on top of it.
             key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             The hidden states after the final norm.
         """
         window: int | None = getattr(self.config, "sliding_window", None)
         mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
-        return super().activations(input_ids, mask, key=key)
+        return super().activations(input_ids, mask, key=key, pos_ids=pos_ids)

@@ -182,9 +182,14 @@ class MixtralDecoderLayer(eqx.Module):
             ),
         )
 
-    def __call__(self, x: NamedArray, mask: AttentionMask | NamedArray | None) -> tuple[NamedArray, RouterOutput]:
-        """Apply the block to ``(..., position, embed)``; also return the routing decision (for the aux loss)."""
-        x = x + self.self_attn(self.input_layernorm(x), mask)
+    def __call__(
+        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, pos_ids: NamedArray | None = None
+    ) -> tuple[NamedArray, RouterOutput]:
+        """Apply the block to ``(..., position, embed)``; also return the routing decision (for the aux loss).
+
+        ``pos_ids`` are the rotary positions (None: ``0 .. n - 1``).
+        """
+        x = x + self.self_attn(self.input_layernorm(x), mask, pos_ids=pos_ids)
         y, routing = self.block_sparse_moe(self.post_attention_layernorm(x))
         return x + y, routing
 
@@ -258,6 +263,7 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> tuple[NamedArray, dict[str, NamedArray]]:
         """The final hidden states ``(..., position, embed)`` and the auxiliary losses.
 
@@ -265,13 +271,14 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); the config's sliding window is applied on top of it.
             key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             ``(hidden states after the final norm, {"router_aux_loss": coef * load-balancing loss})``.
         """
         del key
         x = self.transformer.embed_tokens.embed(input_ids)
-        x, routing = self.transformer.layers.scan(x, self._mask(input_ids, attn_mask))
+        x, routing = self.transformer.layers.scan(x, self._mask(input_ids, attn_mask), pos_ids=pos_ids)
         balance = load_balancing_loss(routing.probs, routing.indices, self.config.Experts)
         return self.transformer.norm(x), {ROUTER_AUX_LOSS: balance * self.config.router_aux_loss_coef}
 
@@ -281,9 +288,10 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states (see :meth:`activations_and_aux`, whose auxiliary losses this drops)."""
-        return self.activations_and_aux(input_ids, attn_mask, key=key)[0]
+        return self.activations_and_aux(input_ids, attn_mask, key=key, pos_ids=pos_ids)[0]
 
     def logits_and_aux(
         self,
@@ -291,6 +299,7 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> tuple[NamedArray, dict[str, NamedArray]]:
         """Logits ``(..., position, vocab)`` and the auxiliary losses (``router_aux_loss``, a weighted scalar).
 
@@ -298,27 +307,35 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); the config's sliding window is applied on top of it.
             key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             ``(logits, {"router_aux_loss": coef * load-balancing loss})``; padded vocabulary entries of the
             logits hold the dtype's most negative value.
         """
-        x, aux = self.activations_and_aux(input_ids, attn_mask, key=key)
+        x, aux = self.activations_and_aux(input_ids, attn_mask, key=key, pos_ids=pos_ids)
         logits = hax.dot(x, self.get_lm_head(), axis="embed")
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size), aux
 
-    def routing(self, input_ids: NamedArray, attn_mask: AttentionMask | NamedArray | None = None) -> RouterOutput:
+    def routing(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        pos_ids: NamedArray | None = None,
+    ) -> RouterOutput:
         """The routing decision of every layer for ``input_ids`` (arrays with a leading ``layers`` axis).
 
         Args:
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); the config's sliding window is applied on top of it.
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``).
 
         Returns:
             Router probabilities ``(layers, ..., experts)``, chosen experts and weights ``(layers, ..., top_k)``.
         """
         x = self.transformer.embed_tokens.embed(input_ids)
-        return self.transformer.layers.scan(x, self._mask(input_ids, attn_mask))[1]
+        return self.transformer.layers.scan(x, self._mask(input_ids, attn_mask), pos_ids=pos_ids)[1]
 
     def to_hf_state_dict(self) -> dict[str, np.ndarray]:
         """The parameters under their Hugging Face names, experts one by one (``block_sparse_moe.experts.{e}.wN``).

@@ -116,9 +116,11 @@ class Olmo2DecoderLayer(eqx.Module):
             post_feedforward_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
         )
 
-    def __call__(self, x: NamedArray, mask: AttentionMask | NamedArray | None) -> NamedArray:
-        """Apply the block to ``(..., position, embed)``."""
-        x = x + self.post_attention_layernorm(self.self_attn(x, mask))
+    def __call__(
+        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, pos_ids: NamedArray | None = None
+    ) -> NamedArray:
+        """Apply the block to ``(..., position, embed)`` (``pos_ids``: the rotary positions, None: ``0 .. n - 1``)."""
+        x = x + self.post_attention_layernorm(self.self_attn(x, mask, pos_ids=pos_ids))
         return x + self.post_feedforward_layernorm(self.mlp(x))
 
 

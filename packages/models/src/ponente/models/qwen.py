@@ -221,6 +221,8 @@ class QwenDecoderLayer(LlamaDecoderLayer):
         mask: AttentionMask | NamedArray | None,
         sliding_mask: AttentionMask | NamedArray | None = None,
         sliding: bool | NamedArray = False,
+        *,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """Apply the block to ``(..., position, embed)``.
 
@@ -229,12 +231,17 @@ class QwenDecoderLayer(LlamaDecoderLayer):
             mask: the mask of a full-attention layer.
             sliding_mask: the mask of a sliding layer (``mask`` restricted to the window).
             sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside a scan).
+            pos_ids: the rotary positions (None: ``0 .. n - 1``).
 
         Returns:
             ``(..., position, embed)``.
         """
         h = self.input_layernorm(x)
-        x = x + select_by_kind(sliding, lambda: self.self_attn(h, sliding_mask), lambda: self.self_attn(h, mask))
+        x = x + select_by_kind(
+            sliding,
+            lambda: self.self_attn(h, sliding_mask, pos_ids=pos_ids),
+            lambda: self.self_attn(h, mask, pos_ids=pos_ids),
+        )
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -254,6 +261,7 @@ class QwenLMHeadModel(MistralLMHeadModel):
         attn_mask: AttentionMask | NamedArray | None = None,
         *,
         key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
     ) -> NamedArray:
         """The final hidden states ``(..., position, embed)`` (see :meth:`LlamaLMHeadModel.activations`).
 
@@ -261,6 +269,7 @@ class QwenLMHeadModel(MistralLMHeadModel):
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
             key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             The hidden states after the final norm.
@@ -271,5 +280,5 @@ class QwenLMHeadModel(MistralLMHeadModel):
         sliding_mask = with_sliding_window(attn_mask, config.sliding_window, input_ids.resolve_axis("position"))
         kinds = layer_kinds(config.resolved_layer_types(), self.config.Layers)
         x = self.transformer.embed_tokens.embed(input_ids)
-        x = self.transformer.layers.fold(x, mask, sliding_mask, kinds)
+        x = self.transformer.layers.fold(x, mask, sliding_mask, kinds, pos_ids=pos_ids)
         return self.transformer.norm(x)

@@ -225,24 +225,50 @@ def _param(params: Mapping[str, Any], key: str, rope_type: str) -> Any:
     return params[key]
 
 
-def apply_rotary(x: NamedArray, Pos: Axis, HeadSize: Axis, rotary: RotaryConfig) -> NamedArray:
+def apply_rotary(
+    x: NamedArray, Pos: Axis, HeadSize: Axis, rotary: RotaryConfig, pos_ids: NamedArray | None = None
+) -> NamedArray:
     """Rotate ``x`` by position (the "rotate half" convention of Hugging Face Llama).
 
     Args:
         x: queries or keys with the ``Pos`` and ``HeadSize`` axes.
-        Pos: the position axis (positions are ``0 .. Pos.size - 1``).
+        Pos: the position axis.
         HeadSize: the per-head axis.
         rotary: the frequencies.
+        pos_ids: the integer position of each token, over ``Pos`` and optionally some of ``x``'s batch axes (e.g.
+            restarting at 0 for each document packed in a row); None: ``0 .. Pos.size - 1``.
 
     Returns:
         The rotated array, same axes and dtype as ``x`` (for YaRN also scaled by ``rotary.attention_scaling()``).
+
+    Raises:
+        ValueError: if ``pos_ids`` lacks ``Pos`` or has an axis that ``x`` lacks.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> Pos, Hd = hax.Axis("position", 3), hax.Axis("head_size", 2)
+        >>> x = hax.ones((Pos, Hd))
+        >>> same = apply_rotary(x, Pos, Hd, RotaryConfig(), pos_ids=hax.arange(Pos))
+        >>> bool(hax.all(same == apply_rotary(x, Pos, Hd, RotaryConfig())).scalar())
+        True
     """
     inv = jnp.asarray(rotary.inv_freq(HeadSize.size), dtype=jnp.float32)
-    freqs = jnp.arange(Pos.size, dtype=jnp.float32)[:, None] * inv[None, :]
+    if pos_ids is None:
+        positions = jnp.arange(Pos.size, dtype=jnp.float32)
+        pos_axes: tuple[Axis, ...] = (Pos,)
+    else:
+        if not pos_ids.has_axis(Pos.name) or any(not x.has_axis(ax.name) for ax in pos_ids.axes):
+            raise ValueError(
+                f"apply_rotary: pos_ids axes {pos_ids.axis_names} must include {Pos.name!r} and be among x's axes "
+                f"{x.axis_names}"
+            )
+        positions = pos_ids.array.astype(jnp.float32)
+        pos_axes = pos_ids.axes
+    freqs = positions[..., None] * inv
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     scale = rotary.attention_scaling()
-    cos = NamedArray((jnp.cos(emb) * scale).astype(x.dtype), (Pos, HeadSize))
-    sin = NamedArray((jnp.sin(emb) * scale).astype(x.dtype), (Pos, HeadSize))
+    cos = NamedArray((jnp.cos(emb) * scale).astype(x.dtype), (*pos_axes, HeadSize))
+    sin = NamedArray((jnp.sin(emb) * scale).astype(x.dtype), (*pos_axes, HeadSize))
     axis = x.axis_indices(HeadSize.name)
     x1, x2 = jnp.split(x.array, 2, axis=axis)
     rotated = NamedArray(jnp.concatenate([-x2, x1], axis=axis), x.axes)

@@ -234,9 +234,19 @@ def save_pretrained(
             (None: the model's real vocabulary size, i.e. without ``vocab_padding_multiple`` padding).
 
     Raises:
-        ValueError: if ``max_shard_size`` is not positive, or ``vocab_size`` is not in ``1 .. model.Vocab.size``.
+        ValueError: if ``max_shard_size`` is not positive, ``vocab_size`` is not in ``1 .. model.Vocab.size``, or
+            the model still has LoRA adapters (merge them with ``ponente.models.lora.merge_lora``, or save them
+            with ``save_peft_pretrained``).
     """
     from safetensors.numpy import save_file  # lazy: only needed for checkpoints
+
+    from ..lora import has_lora
+
+    if has_lora(model):
+        raise ValueError(
+            "save_pretrained: the model has LoRA adapters, which a plain Hugging Face checkpoint cannot hold; "
+            "merge them first (ponente.models.lora.merge_lora) or save them with save_peft_pretrained"
+        )
 
     if max_shard_size <= 0:
         raise ValueError(f"save_pretrained: max_shard_size must be positive, got {max_shard_size}")

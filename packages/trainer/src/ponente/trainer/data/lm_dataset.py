@@ -2,7 +2,8 @@
 
 `LMDatasetConfig` describes one corpus (files or a Hugging Face dataset), `LMMixtureDatasetConfig` a
 weighted mixture of several. Both build their datacache caches on demand and turn them into datasets of
-packed fixed-length rows ``{"input_ids": int32[seq_len], "segment_ids": int32[seq_len]}``.
+packed fixed-length rows ``{"input_ids": int32[seq_len], "segment_ids": int32[seq_len]}``; supervised and
+chat data (``format: supervised | chat``) add a target-aligned ``loss_mask`` and restarting ``position_ids``.
 
 Cache layout: the cache of split ``S`` of a single dataset lives at ``<cache_dir>/<name or id or
 "default">/<S>``; the cache of component ``K`` of a mixture at ``<mixture cache_dir>/<K>/<S>``.
@@ -21,17 +22,22 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ponente.datacache import (
+    BatchProcessor,
     CacheDataset,
+    ChatProcessor,
     Dataset,
     EraShuffleDataset,
     HFSource,
     MixtureDataset,
+    PackedExampleDataset,
     PermutationDataset,
+    SupervisedProcessor,
     TokenizerProcessor,
     TokenSeqDataset,
     load_tokenizer,
 )
 from ponente.trainer.data.cache_build import open_or_build, resolve_url
+from ponente.trainer.data.templates import read_template, tokenizer_chat_defaults
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -41,9 +47,13 @@ __all__ = ["LMDatasetConfig", "LMMixtureDatasetConfig", "Row"]
 logger = logging.getLogger(__name__)
 
 Row = dict[str, np.ndarray]
-"""A training row: ``{"input_ids": int32[seq_len], "segment_ids": int32[seq_len]}``."""
+"""A training row: ``{"input_ids": int32[seq_len], "segment_ids": int32[seq_len]}``, plus, for supervised and chat
+data, ``"loss_mask"`` (1 where the token is a training target) and ``"position_ids"`` (restarting per example)."""
 
 SPLITS = ("train", "validation")
+
+FORMATS = ("text", "supervised", "chat")
+"""Values of ``data.format``."""
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>")
 _BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|endoftext|>")
@@ -131,6 +141,20 @@ class LMDatasetConfig:
             ``None``: one per CPU.
         backend: The cache builder backend: ``"local"`` or ``"ray"``.
         bad_records: ``"error"`` (stop at a bad record, naming file and line) or ``"skip"`` (count them).
+        format: ``"text"`` (documents under ``text_key``, packed into windows), ``"supervised"`` (a prompt and a
+            response per record) or ``"chat"`` (a list of ``{role, content}`` messages per record); see
+            ``docs/trainer/docs/data.md``.
+        input_field: (supervised) The record field holding the prompt, when there is no ``prompt_template``.
+        output_field: (supervised) The record field holding the response.
+        prompt_template: (supervised) A Jinja template rendered over the record's fields to make the prompt
+            (e.g. Alpaca's ``instruction``/``input``): inline text, or a path or ``package://`` URL of a
+            ``.jinja`` file.
+        messages_field: (chat) The record field holding the messages.
+        chat_template: (chat) The Jinja chat template: inline text, a path or ``package://`` URL of a ``.jinja``
+            file, or ``None``: the ``chat_template`` of the tokenizer's folder (``chat_template.jinja`` or
+            ``tokenizer_config.json``).
+        mask_inputs: (supervised, chat) Train on the response/assistant tokens only; ``False``: on every token.
+        pack: (supervised, chat) Pack several whole examples per row; ``False``: one example per row, padded.
 
     Example:
         ```python
@@ -163,6 +187,14 @@ class LMDatasetConfig:
     workers: int | None = None
     backend: Literal["local", "ray"] = "local"
     bad_records: Literal["error", "skip"] = "error"
+    format: Literal["text", "supervised", "chat"] = "text"
+    input_field: str = "input"
+    output_field: str = "output"
+    prompt_template: str | None = None
+    messages_field: str = "messages"
+    chat_template: str | None = None
+    mask_inputs: bool = True
+    pack: bool = True
 
     def __post_init__(self) -> None:
         """Check the values that can be checked without touching files.
@@ -183,6 +215,18 @@ class LMDatasetConfig:
             raise ValueError(f"data.bad_records: expected 'error' or 'skip', got {self.bad_records!r}")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"data.workers: expected >= 0 or null, got {self.workers}")
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format: expected one of {list(FORMATS)}, got {self.format!r}")
+        for key in ("text_key", "input_field", "output_field", "messages_field"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"data.{key}: expected a non-empty field name, got {value!r}")
+        for key, needs in (("prompt_template", "supervised"), ("chat_template", "chat")):
+            if getattr(self, key) is not None and self.format != needs:
+                raise ValueError(f"data.{key} applies to data.format: {needs}, but data.format is {self.format!r}")
+        for key in ("mask_inputs", "pack"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"data.{key}: expected true or false, got {getattr(self, key)!r}")
 
     # -- tokenizer -----------------------------------------------------------------------------------
 
@@ -205,15 +249,53 @@ class LMDatasetConfig:
         """
         return _vocab_size(self.the_tokenizer, self.vocab_size, "data")
 
-    def processor(self) -> TokenizerProcessor:
-        """The datacache processor that tokenizes documents with this config's BOS/EOS policy.
+    def processor(self) -> BatchProcessor:
+        """The datacache processor of this config's ``format`` (its config is part of the cache fingerprint).
+
+        ``text``: a `TokenizerProcessor` with the BOS/EOS policy. ``supervised``: a `SupervisedProcessor`
+        (BOS before the prompt, EOS after the response, per ``enforce_bos``/``enforce_eos``). ``chat``: a
+        `ChatProcessor`, whose template writes its own special tokens (``enforce_*`` do not apply); its
+        ``bos_token``/``eos_token`` variables are ``bos_token``/``eos_token`` if set, else those of the
+        tokenizer's ``tokenizer_config.json``, else the tokenizer's usual special tokens.
 
         Raises:
-            ValueError: If ``enforce_eos``/``enforce_bos`` is set and no EOS/BOS token can be found.
+            ValueError: Naming the key: no EOS/BOS token found for ``enforce_eos``/``enforce_bos``; a template
+                that is missing (``data.chat_template``), unreadable or not valid Jinja.
         """
         tok = self.the_tokenizer
+        if self.format == "chat":
+            defaults = tokenizer_chat_defaults(resolve_url(self.tokenizer))
+            template = read_template(self.chat_template, "data.chat_template")
+            if template is None:
+                template = defaults.chat_template
+            if template is None:
+                raise ValueError(
+                    f"data.chat_template: not set, and the tokenizer {self.tokenizer!r} has no chat template (no "
+                    "chat_template.jinja or tokenizer_config.json with a chat_template next to it); set "
+                    "data.chat_template to Jinja text or to a .jinja file"
+                )
+            return ChatProcessor(
+                tok,
+                messages_field=self.messages_field,
+                chat_template=template,
+                mask_inputs=self.mask_inputs,
+                bos=self.bos_token or defaults.bos_token or _maybe_special(tok, _BOS_CANDIDATES),
+                eos=self.eos_token or defaults.eos_token or _maybe_special(tok, _EOS_CANDIDATES),
+                template_key="data.chat_template",
+            )
         eos = _special_token(tok, self.eos_token, _EOS_CANDIDATES, "data.eos_token") if self.enforce_eos else None
         bos = _special_token(tok, self.bos_token, _BOS_CANDIDATES, "data.bos_token") if self.enforce_bos else None
+        if self.format == "supervised":
+            return SupervisedProcessor(
+                tok,
+                input_field=self.input_field,
+                output_field=self.output_field,
+                prompt_template=read_template(self.prompt_template, "data.prompt_template"),
+                bos=bos,
+                eos=eos,
+                mask_inputs=self.mask_inputs,
+                template_key="data.prompt_template",
+            )
         return TokenizerProcessor(tok, text_key=self.text_key, bos=bos, eos=eos)
 
     # -- caches --------------------------------------------------------------------------------------
@@ -267,8 +349,22 @@ class LMDatasetConfig:
 
     # -- datasets ------------------------------------------------------------------------------------
 
+    def rows(self, cache: CacheDataset, seq_len: int) -> Dataset[Row]:
+        """The rows of a cache of this config: windows (``text``) or packed whole examples (supervised, chat).
+
+        Args:
+            cache: A cache built by `build_caches`.
+            seq_len: Tokens per row.
+
+        Returns:
+            A `TokenSeqDataset` for ``format: text``, else a `PackedExampleDataset` (``pack`` as configured).
+        """
+        if self.format == "text":
+            return TokenSeqDataset(cache, seq_len)
+        return PackedExampleDataset(cache, seq_len, pack=self.pack)
+
     def train_set(self, seq_len: int, *, seed: int, batch_size: int | None = None) -> Dataset[Row]:
-        """The training rows: packed windows of ``seq_len`` tokens with segment ids, shuffled per ``shuffle``.
+        """The training rows: packed rows of ``seq_len`` tokens (see `rows`), shuffled per ``shuffle``.
 
         The cache builds in the background if needed. While it builds, the dataset grows (unshuffled or
         era-shuffled) or stays empty until the build finishes (``shuffle: true``); `batch_for_step` waits.
@@ -279,20 +375,57 @@ class LMDatasetConfig:
             batch_size: Unused for a single dataset (mixtures need it for weight schedules).
 
         Returns:
-            A dataset of ``{"input_ids", "segment_ids"}`` int32 rows.
+            A dataset of ``{"input_ids", "segment_ids"}`` int32 rows (plus ``"loss_mask"`` and ``"position_ids"``
+            for supervised and chat data).
 
         Raises:
             ValueError: If there are no training sources.
         """
         del batch_size
-        windows = TokenSeqDataset(self.build_caches("train"), seq_len)
-        return _shuffled(windows, self.shuffle, derive_seed(seed, "train"))
+        rows = self.rows(self.build_caches("train"), seq_len)
+        return _shuffled(rows, self.shuffle, derive_seed(seed, "train"))
 
     def validation_sets(self, seq_len: int) -> dict[str, Dataset[Row]]:
-        """The validation rows (unshuffled packed windows) by name: ``{cache_name: dataset}`` or ``{}``."""
+        """The validation rows (unshuffled, see `rows`) by name: ``{cache_name: dataset}`` or ``{}``."""
         if not self.has_split("validation"):
             return {}
-        return {self.cache_name: TokenSeqDataset(self.build_caches("validation"), seq_len)}
+        return {self.cache_name: self.rows(self.build_caches("validation"), seq_len)}
+
+
+def _maybe_special(tokenizer: Tokenizer, candidates: Sequence[str]) -> str | None:
+    """The first of ``candidates`` that is a special token of ``tokenizer``, or ``None``."""
+    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    return next((token for token in candidates if token in specials), None)
+
+
+class _AllTargets(Dataset[Row]):
+    """Text rows with the keys of supervised rows, so that a mixture can mix both: every token a target (as in
+    text training) and positions ``0..seq_len-1`` (the positions a text row gets without ``position_ids``)."""
+
+    def __init__(self, inner: Dataset[Row]) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.inner.is_finished
+
+    def wait_for_length(self, length: int | None = None, *, timeout: float | None = None) -> bool:
+        return self.inner.wait_for_length(length, timeout=timeout)
+
+    def __getitem__(self, index: int) -> Row:
+        return self._complete(self.inner[index])
+
+    def get_batch(self, indices: Any) -> list[Row]:
+        return [self._complete(row) for row in self.inner.get_batch(indices)]
+
+    @staticmethod
+    def _complete(row: Row) -> Row:
+        ids = row["input_ids"]
+        ones = np.ones(ids.shape, dtype=np.int32)
+        return {**row, "loss_mask": ones, "position_ids": np.arange(ids.shape[-1], dtype=np.int32)}
 
 
 def _vocab_size(tokenizer: Tokenizer, vocab_size: int | None, where: str) -> int:
@@ -471,7 +604,9 @@ class LMMixtureDatasetConfig:
                 start steps into row indices (``step * batch_size``, a multiple of ``mixture_block_size``).
 
         Returns:
-            A dataset of ``{"input_ids", "segment_ids"}`` int32 rows.
+            A dataset of ``{"input_ids", "segment_ids"}`` int32 rows; if some component is supervised or chat
+            data, every row also has ``"loss_mask"`` and ``"position_ids"`` (a text component's rows get all
+            ones and ``0..seq_len-1``, which train exactly as text rows do).
 
         Raises:
             ValueError: If a schedule is given without ``batch_size``, a stage does not start on a block, or
@@ -491,10 +626,14 @@ class LMMixtureDatasetConfig:
                 )
             index_stages.append((start, weights))
         active = [name for name in self.configs if any(w.get(name, 0) > 0 for _, w in index_stages)]
+        mixed = any(self.configs[name].format != "text" for name in active)
         datasets: dict[str, Dataset[Row]] = {}
         for name in active:
-            windows = TokenSeqDataset(self._build(name, "train", background=True), seq_len)
-            datasets[name] = _shuffled(windows, self.shuffle, derive_seed(seed, f"train/{name}"))
+            component = self._component(name)
+            rows = component.rows(self._build(name, "train", background=True), seq_len)
+            if mixed and component.format == "text":
+                rows = _AllTargets(rows)
+            datasets[name] = _shuffled(rows, self.shuffle, derive_seed(seed, f"train/{name}"))
         schedule = [(start, {k: w for k, w in weights.items() if k in datasets}) for start, weights in index_stages]
         return MixtureDataset(
             datasets,
@@ -505,5 +644,7 @@ class LMMixtureDatasetConfig:
         )
 
     def validation_sets(self, seq_len: int) -> dict[str, Dataset[Row]]:
-        """Unshuffled packed validation rows of every component that has validation data, by component name."""
-        return {name: TokenSeqDataset(cache, seq_len) for name, cache in self.build_caches("validation").items()}
+        """Unshuffled validation rows (see `LMDatasetConfig.rows`) of every component that has some, by name."""
+        return {
+            name: self._component(name).rows(cache, seq_len) for name, cache in self.build_caches("validation").items()
+        }

@@ -17,19 +17,15 @@ The steps shared with other entry points (provenance, restore, signals, export, 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Literal
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer import run
-from ponente.trainer.callbacks import as_hook
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
-from ponente.trainer.lm import lm_loss_fn
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
 from ponente.trainer.run import PREEMPTED_EXIT_CODE, SampleConfig, TrainResult, config_differences
-from ponente.trainer.trainer import Trainer, TrainerConfig
+from ponente.trainer.trainer import TrainerConfig
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
@@ -38,6 +34,7 @@ __all__ = [
     "TrainResult",
     "config_differences",
     "main",
+    "recipe",
     "train",
 ]
 
@@ -103,134 +100,46 @@ def train(config: TrainLmConfig) -> TrainResult:
             changes a field that must stay fixed, ...).
         FileNotFoundError: if ``trainer.load_checkpoint`` is true and there is no checkpoint.
     """
-    startup = run.Startup.since_process_start()
-    run.start_distributed(config.trainer.distributed)  # before anything touches a device
-    import jax
+    startup = run.start_run(config.trainer)
+    run.check_training_data(config.data, hint="the packaged hello world: --config_path gpt2_nano")
+    return run.train_language_model(config, recipe(config, use_hf_model_config=config.use_hf_model_config), startup)
 
-    import ponente.namedtensor as hax
-    from ponente.trainer.tracker import init_trackers
 
-    data = config.data
-    if isinstance(data, LMDatasetConfig) and not data.train_urls and data.id is None:
-        raise ValueError(
-            "data.train_urls is empty and data.id is not set: nothing to train on "
-            "(for the packaged hello world, pass --config_path gpt2_nano)"
-        )
-    model_config = config.model
-    if config.initialize_from_hf and config.use_hf_model_config:
-        from ponente.models.hf import load_pretrained
+def recipe(config: TrainLmConfig, *, use_hf_model_config: bool, max_train_length: int | None = None) -> run.LmRecipe:
+    """What a :class:`TrainLmConfig` (or a config with its keys, like ``SftConfig``) trains and exports.
 
-        model_config = load_pretrained(config.initialize_from_hf).config
-    model_config = run.pad_vocab_for_partitioning(model_config, config.trainer, jax.device_count())
-    Vocab = hax.Axis("vocab", data.the_vocab_size)
-    seq_len = model_config.seq_len
-    config = dataclasses.replace(run.with_run_id(config), model=model_config)
-    tcfg = config.trainer
-    record = run.RunRecord.of(config)
-    startup.mark("config and tokenizer")
+    Args:
+        config: the configuration.
+        use_hf_model_config: take the model config from ``initialize_from_hf`` rather than ``model``.
+        max_train_length: train on rows of at most this many tokens (None: the model's ``seq_len``).
 
-    # trackers are created before any other thread starts: the tensorboard tracker hides torch while it imports
-    tracker = init_trackers(tcfg.tracker, record.run_id)
-    startup.mark("trackers")
-    # Until the first step, four things proceed at once (XLA compiles and tokenizers release the GIL): the
-    # run record (git, pip freeze), the token caches (built in their own threads; the datasets wait for the
-    # first rows), the compilation of the training step, and on this thread the initial state and checkpoint.
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ponente-startup") as pool:
-        recorded = startup.background(pool, "run record", record.write, tracker)
-        checkpointer = tcfg.checkpointer.create(record.run_id, metadata=record.provenance)
-        outputs = run.output_locations(record, checkpoints=checkpointer.run_path, trackers=tcfg.tracker)
-        data_seed = tcfg.seed if config.data_seed is None else config.data_seed
-        run.build_caches_once(data, tcfg)
-
-        def datasets() -> tuple[Any, dict[str, Any]]:
-            train_set = data.train_set(seq_len, seed=data_seed, batch_size=tcfg.train_batch_size)
-            return train_set, data.validation_sets(seq_len)
-
-        data_ready = startup.background(pool, "datasets (first cache rows)", datasets)
-        trainer = Trainer(
-            tcfg,
-            config.optimizer.build(tcfg.num_train_steps),
-            lm_loss_fn(config.z_loss_weight, config.cross_entropy_block_size),
-            lr_schedule=config.optimizer.lr_scheduler(tcfg.num_train_steps),
-            log_fn=lambda metrics, step: tracker.log(metrics, step=step),
-            flops_per_token=model_config.flops_per_token(data.the_vocab_size),
-        )
-        rows = trainer.process_batch_rows()  # this process loads only the rows of its own devices
-        state = trainer.initial_state(lambda key: model_config.build(Vocab, key=key))
-        startup.mark("model and optimizer init")
-        step_compiled: Future[Any] | None = None
-        if config.initialize_from_hf and tcfg.initialize_from is None:
-            import equinox as eqx
-
-            from ponente.models.hf import load_pretrained
-
-            pretrained = trainer.mp.cast_to_param(load_pretrained(config.initialize_from_hf))
-            state = eqx.tree_at(lambda s: s.model, state, pretrained)
-        else:  # the checkpoint restored below has the same shapes and shardings
-            compile_args = (state, run.placeholder_batch(rows, seq_len))
-            step_compiled = startup.background(pool, "train step compile", trainer.compile_step, *compile_args)
-        state, resumed_from = run.restore(state, tcfg, checkpointer, record.provenance)
-        startup.mark("checkpoint restore")
-        recorded.result()
-        # the log then holds each step once: records a killed run wrote after its last checkpoint are dropped
-        tracker.resume_from(int(state.step))
-        train_set, validation = data_ready.result()
-        if step_compiled is not None:
-            step_compiled.result()
-        startup.mark("waiting for the background work")
-
-    evaluator = run.Evaluator(trainer, validation, tcfg.max_eval_batches)
-    losses: list[float] = []
-
-    def on_step(info: Any) -> None:
-        startup.first_step()
-        if not info.final:
-            losses.append(info.loss)
-            checkpointer.on_step(info.state, info.step)
-        if config.hf_save_steps and info.step % config.hf_save_steps == 0 and not info.final:
-            _export_hf(info.state.model, f"{config.hf_save_path}/step-{info.step}", data, model_config)
-
-    trainer.hooks.append(as_hook(on_step))
-    state = run.train_on(trainer, state, train_set, rows=rows, eval_fn=evaluator if validation else None)
-    stopped = trainer.last_stop_reason
-    steps = int(state.step)
-    checkpoint_path = run.final_checkpoint(checkpointer, state)
-
-    hf_path = None
-    if config.hf_save_path and stopped is None:
-        hf_path = outputs["hugging face export"] = _export_hf(state.model, config.hf_save_path, data, model_config)
-    sample = None
-    if config.sample.num_tokens > 0 and stopped is None:
-        key = jax.random.fold_in(state.training_key, 1)
-        sample = run.sample_text(state.model, data.the_tokenizer, data.the_vocab_size, config.sample, key)
-        tracker.log_summary({"sample": sample})
-    final_loss = losses[-1] if losses else None
-    run.finish_trackers(tracker, steps=steps, final_loss=final_loss, eval_loss=evaluator.last)
-    return TrainResult(
-        run_id=record.run_id,
-        steps=steps,
-        final_loss=final_loss,
-        eval_loss=dict(evaluator.last),
-        checkpoint=checkpoint_path,
-        resumed_from=resumed_from,
-        hf_path=hf_path,
-        sample=sample,
-        stopped=stopped,
-        outputs=outputs,
+    Returns:
+        The recipe for :func:`ponente.trainer.run.train_language_model`.
+    """
+    model_config, vocab_size = config.model, None
+    if config.initialize_from_hf and use_hf_model_config:
+        model_config = run.hf_model_config(config.initialize_from_hf)
+        vocab_size = run.hf_vocab_size(config.initialize_from_hf)
+    seq_len = run.row_length(model_config.seq_len, max_train_length)
+    export = None
+    if config.hf_save_path:
+        export = run.hf_exporter(config.hf_save_path, tokenizer=config.data.the_tokenizer, seq_len=seq_len)
+    return run.LmRecipe(
+        model_config=model_config,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        initialize_from_hf=config.initialize_from_hf,
+        export=export,
+        export_every=config.hf_save_steps,
+        z_loss_weight=config.z_loss_weight,
+        cross_entropy_block_size=config.cross_entropy_block_size,
+        sample=config.sample,
     )
-
-
-def _export_hf(model: Any, path: str, data: Any, model_config: LmConfig) -> str:
-    where = run.resolve_path(path)
-    return run.export_hf(model, where, tokenizer=data.the_tokenizer, seq_len=model_config.seq_len)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the entry point; returns the process exit code."""
-    if "--version" in (sys.argv[1:] if argv is None else argv):
-        run.print_versions()
-        return 0
-    return run.print_result(train(run.parse_command_line(TrainLmConfig, argv, prog="ponente-train")))
+    return run.command_line_main(train, TrainLmConfig, argv, prog="ponente-train")
 
 
 if __name__ == "__main__":

@@ -1,25 +1,35 @@
 """The run layer: the steps every entry point composes, so that an entry point is a short recipe.
 
-A training run, in the order :mod:`ponente.trainer.main.train_lm` takes the steps::
+A language-model entry point (``train_lm``, ``sft``, ``lora_lm``) is three calls::
 
-    parse_command_line(Config, argv, prog=...)        command line -> frozen config, logging set up
-    Startup.since_process_start()                     start-up phase timing (logged at the first step)
-    start_distributed(config.trainer.distributed)     partitionable PRNG, jax.distributed
+    config = parse_command_line(Config, argv, prog=...)   command line -> frozen config, logging set up
+    startup = start_run(config.trainer)                    start-up timing; partitionable PRNG, jax.distributed
+    result = train_language_model(config, LmRecipe(...), startup)
+    return print_result(result)                            the exit code: 0, or PREEMPTED_EXIT_CODE (75) when
+                                                           stopped early; running it again resumes
+
+where the :class:`LmRecipe` names what is particular to the entry point: the model config (e.g.
+``hf_model_config(path)`` of a Hugging Face checkpoint), the weights it starts from (``initialize_from_hf``),
+adapters and which parameters train (LoRA), the exports (``hf_exporter(path, ...)`` or the entry point's own)
+and how often. :func:`train_language_model` takes the shared steps in this order::
+
     pad_vocab_for_partitioning(model, trainer, n)     vocab axis divisible by its shards
+    resolve_train_batch_size(trainer, n)              train_batch_size -1: per_device_parallelism x data devices
     config = with_run_id(config)                      trainer.id kept or generated
     record = RunRecord.of(config)                     run id, resolved config, provenance
     record.write(tracker)                             config.yaml, git SHA, pip freeze (in the background)
     build_caches_once(data, trainer)                  process 0 builds the caches, the others follow
+    Trainer.initial_state(model_init, is_trainable=...)
+    compile_step(state, placeholder_batch(rows, seq_len, fields=batch_fields(data)))   (in the background)
+    replace_model(state, load_hf_weights(...))        pretrained weights, placed like the initial state
     restore(state, trainer, checkpointer, record.provenance)
                                                       resume (reporting config differences) or initialize
     train_on(trainer, state, train_set, rows=..., eval_fn=Evaluator(...))
-                                                      SIGTERM stops at a step boundary
+                                                      SIGTERM stops at a step boundary; exports every N steps
     final_checkpoint(checkpointer, state)             save, wait, latest committed checkpoint
-    export_hf(model, path, tokenizer=..., seq_len=...)
+    recipe.export(model, None)                        e.g. export_hf(model, path, tokenizer=..., seq_len=...)
     sample_text(model, tokenizer, vocab_size, SampleConfig(...), key)
     finish_trackers(tracker, steps=..., final_loss=..., eval_loss=...)
-    print_result(TrainResult(...))                    the exit code: 0, or PREEMPTED_EXIT_CODE (75) when stopped
-                                                      early; running it again resumes
 
 Each step is a plain function (or a small class) over the public interfaces of ``ponente.trainer``
 (``TrainerConfig``, ``Trainer``, the checkpointer, the trackers, the data configs); nothing here holds
@@ -27,40 +37,53 @@ global state. Heavy imports (JAX, models) happen inside the functions, so that i
 cheap for entry points that never touch a device (``cache_dataset``).
 """
 
-from ._cli import LOG_FORMAT, LOG_LEVEL_ENV, parse_command_line, print_versions
+from ._cli import LOG_FORMAT, LOG_LEVEL_ENV, command_line_main, parse_command_line, print_versions
 from ._data import RECORD_ROWS_ENV, build_caches_once, rows_recorder
-from ._devices import pad_vocab_for_partitioning, start_distributed
+from ._devices import pad_vocab_for_partitioning, resolve_train_batch_size, start_distributed
 from ._differences import FIXED_ON_RESUME, config_differences
 from ._evaluation import Evaluator, eval_batches
-from ._export import export_hf
+from ._export import export_hf, hf_exporter
 from ._finish import final_checkpoint, finish_trackers
 from ._outputs import output_locations, resolve_path
+from ._pretrained import hf_model_config, hf_vocab_size, load_hf_weights, replace_model
 from ._provenance import RunConfig, RunRecord, new_run_id, with_run_id
+from ._recipe import LmRecipe, LmRunConfig, check_training_data, row_length, start_run, train_language_model
 from ._restore import load_model_from_checkpoint, restore
 from ._result import TrainResult, print_result
 from ._sampling import SampleConfig, sample_text
 from ._signals import PREEMPTED_EXIT_CODE, stop_on_sigterm
 from ._startup import Startup, process_age
-from ._training import placeholder_batch, train_on
+from ._training import EXAMPLE_FIELDS, TEXT_FIELDS, batch_fields, placeholder_batch, train_on
 
 __all__ = [
+    "EXAMPLE_FIELDS",
     "FIXED_ON_RESUME",
     "LOG_FORMAT",
     "LOG_LEVEL_ENV",
     "PREEMPTED_EXIT_CODE",
     "RECORD_ROWS_ENV",
+    "TEXT_FIELDS",
     "Evaluator",
+    "LmRecipe",
+    "LmRunConfig",
     "RunConfig",
     "RunRecord",
     "SampleConfig",
     "Startup",
     "TrainResult",
+    "batch_fields",
     "build_caches_once",
+    "check_training_data",
+    "command_line_main",
     "config_differences",
     "eval_batches",
     "export_hf",
     "final_checkpoint",
     "finish_trackers",
+    "hf_exporter",
+    "hf_model_config",
+    "hf_vocab_size",
+    "load_hf_weights",
     "load_model_from_checkpoint",
     "new_run_id",
     "output_locations",
@@ -70,12 +93,17 @@ __all__ = [
     "print_result",
     "print_versions",
     "process_age",
+    "replace_model",
     "resolve_path",
+    "resolve_train_batch_size",
     "restore",
+    "row_length",
     "rows_recorder",
     "sample_text",
     "start_distributed",
+    "start_run",
     "stop_on_sigterm",
+    "train_language_model",
     "train_on",
     "with_run_id",
 ]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["LOG_FORMAT", "LOG_LEVEL_ENV", "parse_command_line", "print_versions"]
+from ._result import TrainResult, print_result
+
+__all__ = ["LOG_FORMAT", "LOG_LEVEL_ENV", "command_line_main", "parse_command_line", "print_versions"]
 
 T = TypeVar("T")
 
@@ -51,3 +53,23 @@ def print_versions() -> None:
         print(f"  {dist} {version}")
     devices = jax.devices()
     print(f"JAX backend: {jax.default_backend()} with {len(devices)} device(s): {', '.join(map(str, devices))}")
+
+
+def command_line_main(
+    train: Callable[[T], TrainResult], config_class: type[T], argv: Sequence[str] | None, *, prog: str
+) -> int:
+    """The ``main`` of a training entry point: ``--version``, or parse the config, train, and report.
+
+    Args:
+        train: the entry point's ``train(config) -> TrainResult``.
+        config_class: its root config dataclass.
+        argv: the arguments (None: ``sys.argv[1:]``).
+        prog: the program name ``--help`` shows (the console script, e.g. ``ponente-sft``).
+
+    Returns:
+        The process exit code (see :func:`print_result`).
+    """
+    if "--version" in (sys.argv[1:] if argv is None else argv):
+        print_versions()
+        return 0
+    return print_result(train(parse_command_line(config_class, argv, prog=prog)))

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ponente.trainer.distributed import DistributedConfig
     from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["pad_vocab_for_partitioning", "start_distributed"]
+__all__ = ["pad_vocab_for_partitioning", "resolve_train_batch_size", "start_distributed"]
 
 logger = logging.getLogger("ponente.trainer.run")
 
@@ -43,9 +43,7 @@ def pad_vocab_for_partitioning(model_config: M, tcfg: TrainerConfig, num_devices
     Returns:
         ``model_config``, or a copy whose ``vocab_padding_multiple`` is a multiple of the number of shards.
     """
-    model = tcfg.model_axis_size
-    replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
-    sizes = {"model": model, "replica": replica, "data": max(num_devices // (model * replica), 1)}
+    sizes = _mesh_sizes(tcfg, num_devices)
     shards = 1
     for mapping in (tcfg.parameter_axis_mapping, tcfg.compute_axis_mapping):
         physical = mapping.get("vocab")
@@ -61,3 +59,29 @@ def pad_vocab_for_partitioning(model_config: M, tcfg: TrainerConfig, num_devices
         shards,
     )
     return dataclasses.replace(model_config, vocab_padding_multiple=multiple)
+
+
+def resolve_train_batch_size(tcfg: TrainerConfig, num_devices: int) -> TrainerConfig:
+    """``tcfg`` with ``train_batch_size: -1`` (Levanter's convention) made concrete: one microbatch per step.
+
+    Args:
+        tcfg: the trainer config.
+        num_devices: the number of devices of the mesh.
+
+    Returns:
+        ``tcfg``, or a copy whose ``train_batch_size`` is ``per_device_parallelism`` x the size of the batch's mesh
+        axes (``replica`` x ``data``).
+    """
+    if tcfg.train_batch_size != -1:
+        return tcfg
+    sizes = _mesh_sizes(tcfg, num_devices)
+    batch = tcfg.per_device_parallelism * sizes["replica"] * sizes["data"]
+    logger.info("trainer.train_batch_size -1 -> %d (per_device_parallelism x data-parallel devices)", batch)
+    return dataclasses.replace(tcfg, train_batch_size=batch)
+
+
+def _mesh_sizes(tcfg: TrainerConfig, num_devices: int) -> dict[str, int]:
+    """The sizes of the ``model``, ``replica`` and ``data`` mesh axes of ``tcfg`` over ``num_devices`` devices."""
+    model = tcfg.model_axis_size
+    replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
+    return {"model": model, "replica": replica, "data": max(num_devices // (model * replica), 1)}

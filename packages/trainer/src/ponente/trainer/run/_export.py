@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["export_hf"]
+from ._outputs import resolve_path
+
+__all__ = ["export_hf", "hf_exporter"]
 
 
 def export_hf(model: Any, path: str, *, tokenizer: Any | None, seq_len: int, max_shard_size: int | None = None) -> str:
@@ -27,3 +30,22 @@ def export_hf(model: Any, path: str, *, tokenizer: Any | None, seq_len: int, max
     options = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     save_pretrained(model, path, tokenizer=files, **options)
     return path
+
+
+def hf_exporter(path: str, *, tokenizer: Any | None, seq_len: int) -> Callable[[Any, str | None], dict[str, str]]:
+    """An ``export(model, subfolder)`` for :class:`~ponente.trainer.run.LmRecipe`: a Hugging Face folder at ``path``.
+
+    Args:
+        path: the export folder (relative paths are made absolute); ``subfolder`` (``"step-N"``) goes under it.
+        tokenizer: the tokenizer saved alongside (None: none).
+        seq_len: the tokenizer's ``model_max_length``.
+
+    Returns:
+        The exporter; it returns ``{"hugging face export": folder}``.
+    """
+
+    def export(model: Any, subfolder: str | None) -> dict[str, str]:
+        where = resolve_path(path if subfolder is None else f"{path}/{subfolder}")
+        return {"hugging face export": export_hf(model, where, tokenizer=tokenizer, seq_len=seq_len)}
+
+    return export

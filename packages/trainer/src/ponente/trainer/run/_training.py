@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ponente.trainer.state import TrainerState
     from ponente.trainer.trainer import Trainer
 
-__all__ = ["placeholder_batch", "train_on"]
+__all__ = ["EXAMPLE_FIELDS", "TEXT_FIELDS", "batch_fields", "placeholder_batch", "train_on"]
 
 
 def train_on(
@@ -55,11 +55,33 @@ def train_on(
             loader.close()
 
 
-def placeholder_batch(rows: slice, seq_len: int) -> dict[str, Any]:
-    """Zeros in the layout of this process's LM training batches, to compile the step before data arrives."""
+TEXT_FIELDS = ("input_ids", "segment_ids")
+"""The fields of a packed text row (``TokenSeqDataset``)."""
+
+EXAMPLE_FIELDS = ("input_ids", "segment_ids", "loss_mask", "position_ids")
+"""The fields of a packed supervised or chat row (``PackedExampleDataset``)."""
+
+
+def batch_fields(data: Any) -> tuple[str, ...]:
+    """The fields of the training rows of a data config: :data:`EXAMPLE_FIELDS` when any source (or mixture
+    component) has a ``format`` other than ``text``, else :data:`TEXT_FIELDS`."""
+    sources = list(getattr(data, "configs", {}).values()) or [data]
+    if any(getattr(source, "format", "text") != "text" for source in sources):
+        return EXAMPLE_FIELDS
+    return TEXT_FIELDS
+
+
+def placeholder_batch(rows: slice, seq_len: int, *, fields: tuple[str, ...] = TEXT_FIELDS) -> dict[str, Any]:
+    """Zeros in the layout of this process's LM training batches, to compile the step before data arrives.
+
+    Args:
+        rows: the positions of each global batch this process loads.
+        seq_len: the length of a row.
+        fields: the fields of the dataset's rows (see :func:`batch_fields`).
+    """
     import numpy as np
 
     from ponente.trainer.lm import lm_batch
 
     zeros = np.zeros((rows.stop - rows.start, seq_len), dtype=np.int32)
-    return lm_batch({"input_ids": zeros, "segment_ids": zeros})
+    return lm_batch(dict.fromkeys(fields, zeros))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..checkpoint import CheckpointerConfig
 from ..distributed import DistributedConfig, RayConfig
-from ..tracker import JsonTrackerConfig, TrackerConfig
+from ..tracker import JsonTrackerConfig, TrackerConfig, WandbConfig
 
 DEFAULT_CACHE_DIR = "~/.cache/ponente/jax"
 """The default ``TrainerConfig.compilation_cache_dir``."""
@@ -21,7 +21,9 @@ class TrainerConfig:
         seed: the root seed; the model key and the training key are split from ``PRNGKey(seed)``.
         mp: the ``jmp`` mixed-precision policy, e.g. ``"f32"`` or ``"p=f32,c=bfloat16"`` (parameters,
             compute, output dtypes).
-        train_batch_size: examples per step (global, over all devices).
+        train_batch_size: examples per step (global, over all devices); -1 (Levanter's convention): one microbatch
+            of ``per_device_parallelism`` examples per device, i.e. ``per_device_parallelism`` x the data-axis
+            size (resolved when a run starts, see ``ponente.trainer.run.resolve_train_batch_size``).
         per_device_parallelism: examples per device per microbatch; -1 means
             ``train_batch_size / data-axis size`` (no accumulation). Smaller values accumulate gradients
             over ``train_batch_size / (per_device_parallelism * data-axis size)`` microbatches.
@@ -47,6 +49,8 @@ class TrainerConfig:
         progress_bar: show a tqdm progress bar (only when stderr is a terminal).
         tracker: where metrics go: one tracker config or a list of them (``type``: ``json``,
             ``tensorboard``, ``wandb``, ``noop``).
+        wandb: Levanter's older spelling of ``tracker: {type: wandb, ...}`` (``project``, ``tags``, ...): when
+            set, it replaces ``tracker``.
         checkpointer: where and when checkpoints are written (``base_path``, ``save_interval``, ``keep``).
         run_dir: where the run record goes (resolved config, ``pip freeze``, git SHA, versions);
             ``{run_id}`` is replaced by the run id (None: no run record files).
@@ -85,6 +89,7 @@ class TrainerConfig:
     progress_bar: bool = True
 
     tracker: TrackerConfig | tuple[TrackerConfig, ...] = dataclasses.field(default_factory=JsonTrackerConfig)
+    wandb: WandbConfig | None = None
     checkpointer: CheckpointerConfig = dataclasses.field(default_factory=CheckpointerConfig)
     run_dir: str | None = "logs/{run_id}"
     load_checkpoint: bool | None = None
@@ -95,8 +100,13 @@ class TrainerConfig:
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
+        if self.wandb is not None:  # the frozen config holds one spelling: the tracker
+            object.__setattr__(self, "tracker", self.wandb)
+            object.__setattr__(self, "wandb", None)
+        if self.train_batch_size == -1 and self.per_device_parallelism == -1:
+            raise ValueError("trainer.train_batch_size: -1 needs trainer.per_device_parallelism (examples per device)")
         positive = {
-            "train_batch_size": self.train_batch_size,
+            "train_batch_size": 1 if self.train_batch_size == -1 else self.train_batch_size,
             "num_train_steps": self.num_train_steps,
             "steps_per_eval": self.steps_per_eval,
             "model_axis_size": self.model_axis_size,
