@@ -86,3 +86,9 @@ from .lora import LoraConfig, LoraLinear  # noqa: E402
 
 __all__ += ["LoraConfig", "LoraLinear"]
 # --- end H2 exports ---
+
+# --- G1a (KV cache) exports ---
+from .kv_cache import KvCache  # noqa: E402
+
+__all__ += ["KvCache"]
+# --- end G1a exports ---

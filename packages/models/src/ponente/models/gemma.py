@@ -21,6 +21,7 @@ from ._layer_types import FULL, SLIDING, layer_kinds, select_by_kind, with_slidi
 from .attention import Attention, AttentionMask, attention
 from .attention_backends import check_soft_cap_backend
 from .config import LmConfig, _require, mask_padded_vocab, register_config
+from .kv_cache import KvCache, cached_attention
 from .lm import LmHeadModel
 from .rotary import RotaryConfig, apply_rotary
 
@@ -389,6 +390,46 @@ class GemmaAttention(ModuleWithStateDictSerialization):
 
         return a.o_proj(select_by_kind(sliding, local, full))
 
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, sliding: bool | NamedArray = False
+    ) -> tuple[NamedArray, KvCache]:
+        """Attend from the tokens of ``x`` over the cache, after writing their keys and values to it.
+
+        Args:
+            x: ``(batch, position, embed)``.
+            cache: this layer's cache (see :meth:`~ponente.models.LmHeadModel.decode`).
+            pos_ids: the tokens' positions over ``(batch, position)``.
+            sliding: whether this is a sliding-window layer (a bool, or a scalar boolean NamedArray).
+
+        Returns:
+            ``((batch, position, embed), the updated cache)``.
+        """
+        a = self.attn
+        Pos = x.resolve_axis("position")
+        HeadSize = a.o_proj.weight.resolve_axis("head_size")
+        q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+
+        def attend(rope: RotaryConfig, window: int | None) -> tuple[NamedArray, KvCache]:
+            qr, kr = apply_rotary(q, Pos, HeadSize, rope, pos_ids), apply_rotary(k, Pos, HeadSize, rope, pos_ids)
+            new_cache = cache.update(kr, v, pos_ids)
+            out = cached_attention(
+                HeadSize,
+                qr,
+                new_cache,
+                pos_ids,
+                window=window,
+                scaling_factor=self.scaling,
+                logit_soft_cap=self.soft_cap,
+            )
+            return out, new_cache
+
+        out, cache = select_by_kind(
+            sliding, lambda: attend(self.local_rope, self.sliding_window), lambda: attend(self.rope, None)
+        )
+        return a.o_proj(out), cache
+
 
 class GemmaDecoderLayer(eqx.Module):
     """A Gemma block.
@@ -435,6 +476,17 @@ class GemmaDecoderLayer(eqx.Module):
     ) -> NamedArray:
         """Apply the block to ``(..., position, embed)`` (``sliding``, ``pos_ids``: see :class:`GemmaAttention`)."""
         attn_out = self.self_attn(self.input_layernorm(x), mask, sliding, pos_ids=pos_ids)
+        return self._finish(x, attn_out)
+
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, sliding: bool | NamedArray = False
+    ) -> tuple[NamedArray, KvCache]:
+        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`)."""
+        attn_out, cache = self.self_attn.decode(self.input_layernorm(x), cache, pos_ids, sliding)
+        return self._finish(x, attn_out), cache
+
+    def _finish(self, x: NamedArray, attn_out: NamedArray) -> NamedArray:
+        """The residual additions and the MLP around an attention output."""
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             x = x + attn_out
             return x + self.mlp(self.post_attention_layernorm(x))
@@ -525,11 +577,34 @@ class GemmaLMHeadModel(LmHeadModel):
         """
         del key
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        x = self.transformer.embed_tokens.embed(input_ids)
-        x = x * jnp.asarray(math.sqrt(self.config.hidden_dim), dtype=x.dtype)  # the scale is rounded to the dtype
         kinds = layer_kinds(self.config.layout().layer_types, self.config.Layers)
-        x = self.transformer.layers.fold(x, mask, kinds, pos_ids=pos_ids)
+        x = self.transformer.layers.fold(self._embed(input_ids), mask, kinds, pos_ids=pos_ids)
         return self.transformer.norm(x)
+
+    def _embed(self, input_ids: NamedArray) -> NamedArray:
+        """Token embeddings times ``sqrt(hidden_dim)`` (the scale rounded to the embeddings' dtype)."""
+        x = self.transformer.embed_tokens.embed(input_ids)
+        return x * jnp.asarray(math.sqrt(self.config.hidden_dim), dtype=x.dtype)
+
+    def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
+        """An empty cache over ``(layers, batch, kv_heads, cache_position, head_size)`` (see :class:`LmHeadModel`).
+
+        Raises:
+            ValueError: if ``max_len`` is below 1.
+        """
+        config = self.config
+        dtype = self.transformer.embed_tokens.weight.dtype if dtype is None else dtype
+        return KvCache.init((config.Layers, Batch, config.KVHeads), config.HeadSize, max_len, dtype=dtype)
+
+    def decode(
+        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`)."""
+        del key
+        pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
+        kinds = layer_kinds(self.config.layout().layer_types, self.config.Layers)
+        x, cache = self.transformer.layers.scan_via(_decode_block)(self._embed(tokens), cache, pos_ids, sliding=kinds)
+        return self._logits(self.transformer.norm(x)), cache
 
     def blockwise_loss_support(self) -> str | None:
         """Why the blockwise loss cannot compute this model's loss (a final logit soft cap), or None."""
@@ -572,9 +647,19 @@ class GemmaLMHeadModel(LmHeadModel):
         With ``final_logit_softcapping``, logits are ``cap * tanh(logits / cap)``. Padded vocabulary
         entries hold the dtype's most negative value.
         """
-        x = self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids)
+        return self._logits(self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids))
+
+    def _logits(self, x: NamedArray) -> NamedArray:
+        """The output projection of final hidden states, soft-capped if configured; padded entries masked."""
         logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
         cap = self.config.layout().final_logit_softcapping
         if cap is not None:
             logits = cap * hax.tanh(logits / cap)
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size)
+
+
+def _decode_block(
+    block: GemmaDecoderLayer, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, sliding: bool | NamedArray
+) -> tuple[NamedArray, KvCache]:
+    """``block.decode``, the step of the scan over layers in :meth:`GemmaLMHeadModel.decode`."""
+    return block.decode(x, cache, pos_ids, sliding=sliding)

@@ -17,6 +17,7 @@ from ponente.namedtensor.nn import attention as hattn
 
 from .attention import KEY_POSITION, AttentionMask, attention
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
+from .kv_cache import KvCache, cached_attention
 from .lm import LmHeadModel
 
 __all__ = ["Gpt2Config", "Gpt2LMHeadModel"]
@@ -197,10 +198,7 @@ class Gpt2Attention(eqx.Module):
         HeadSize = qkv.resolve_axis("head_size")
         q, k, v = (qkv["qkv", i] for i in range(3))
         scale = HeadSize.size**-0.5 if cfg.scale_attn_weights else 1.0
-        if cfg.scale_attn_by_inverse_layer_idx:
-            # scaling q scales the scores; layer_idx is traced in the scan, so it cannot be a static factor
-            index = layer_idx.array if isinstance(layer_idx, NamedArray) else layer_idx
-            q = q / (jnp.asarray(index) + 1).astype(q.dtype)
+        q = self._scaled_query(q, layer_idx)
         k_attn, k_resid = (None, None) if key is None else jax.random.split(key)
         if cfg.upcast_attn or (cfg.attn_pdrop > 0 and k_attn is not None):
             out = _materialized_attention(Pos, HeadSize, q, k, v, mask, scale, cfg, k_attn)
@@ -217,6 +215,36 @@ class Gpt2Attention(eqx.Module):
                 block_size=cfg.flash_attention_block_size,
             )
         return _dropout(self.c_proj(out), cfg.resid_pdrop, k_resid)
+
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray | int = 0
+    ) -> tuple[NamedArray, KvCache]:
+        """Attend from the tokens of ``x`` over the cache, after writing their keys and values to it (no dropout).
+
+        Args:
+            x: ``(batch, position, embed)``.
+            cache: this layer's cache (see :meth:`~ponente.models.LmHeadModel.decode`).
+            pos_ids: the tokens' positions over ``(batch, position)``.
+            layer_idx: this block's index in the stack (see :meth:`__call__`).
+
+        Returns:
+            ``((batch, position, embed), the updated cache)``.
+        """
+        qkv = self.c_attn(x)
+        HeadSize = qkv.resolve_axis("head_size")
+        q, k, v = (qkv["qkv", i] for i in range(3))
+        q = self._scaled_query(q, layer_idx)
+        cache = cache.update(k, v, pos_ids)
+        scale = HeadSize.size**-0.5 if self.config.scale_attn_weights else 1.0
+        return self.c_proj(cached_attention(HeadSize, q, cache, pos_ids, scaling_factor=scale)), cache
+
+    def _scaled_query(self, q: NamedArray, layer_idx: NamedArray | int) -> NamedArray:
+        """``q``, divided by ``layer_idx + 1`` with ``scale_attn_by_inverse_layer_idx``."""
+        if not self.config.scale_attn_by_inverse_layer_idx:
+            return q
+        # scaling q scales the scores; layer_idx is traced in the scan, so it cannot be a static factor
+        index = layer_idx.array if isinstance(layer_idx, NamedArray) else layer_idx
+        return q / (jnp.asarray(index) + 1).astype(q.dtype)
 
 
 def _materialized_attention(
@@ -301,6 +329,14 @@ class Gpt2Block(eqx.Module):
         k_attn, k_mlp = (None, None) if key is None else jax.random.split(key)
         x = x + self.attn(self.ln_1(x), mask, layer_idx, key=k_attn)
         return x + _dropout(self.mlp(self.ln_2(x)), self.attn.config.resid_pdrop, k_mlp)
+
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray | int = 0
+    ) -> tuple[NamedArray, KvCache]:
+        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`), no dropout."""
+        attn_out, cache = self.attn.decode(self.ln_1(x), cache, pos_ids, layer_idx)
+        x = x + attn_out
+        return x + self.mlp(self.ln_2(x)), cache
 
 
 class Gpt2Transformer(eqx.Module):
@@ -425,3 +461,40 @@ class Gpt2LMHeadModel(LmHeadModel):
         """
         logits = self.transformer.wte.unembed(self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids))
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size)
+
+    def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
+        """An empty cache over ``(layers, batch, heads, cache_position, head_size)`` (see :class:`LmHeadModel`).
+
+        Raises:
+            ValueError: if ``max_len`` is below 1 or above ``config.seq_len`` (the learned positions end there).
+        """
+        config = self.config
+        if max_len > config.seq_len:
+            raise ValueError(
+                f"Gpt2LMHeadModel.init_cache: max_len={max_len} is more than seq_len={config.seq_len}, the number of "
+                "learned position embeddings"
+            )
+        dtype = self.transformer.wte.weight.dtype if dtype is None else dtype
+        return KvCache.init((config.Layers, Batch, config.Heads), config.HeadSize, max_len, dtype=dtype)
+
+    def decode(
+        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`).
+
+        ``pos_ids`` also select the learned position embeddings (rows ``< config.seq_len``). No dropout.
+        """
+        del key
+        pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
+        x = self.transformer.wte.embed(tokens) + self.transformer.wpe.embed(pos_ids)
+        layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
+        x, cache = self.transformer.h.scan_via(_decode_block)(x, cache, pos_ids, layer_ids)
+        logits = self.transformer.wte.unembed(self.transformer.ln_f(x))
+        return mask_padded_vocab(logits, self.Vocab, self.vocab_size), cache
+
+
+def _decode_block(
+    block: Gpt2Block, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray
+) -> tuple[NamedArray, KvCache]:
+    """``block.decode``, the step of the scan over layers in :meth:`Gpt2LMHeadModel.decode`."""
+    return block.decode(x, cache, pos_ids, layer_idx)

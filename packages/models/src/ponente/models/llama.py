@@ -16,6 +16,7 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from .attention import Attention, AttentionMask, attention
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
+from .kv_cache import KvCache
 from .lm import LmHeadModel
 from .rotary import RotaryConfig, apply_rotary
 
@@ -189,6 +190,14 @@ class QkNormAttention(ModuleWithStateDictSerialization):
             k = apply_rotary(k, Pos, HeadSize, a.rotary, pos_ids)
         return a.o_proj(attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size))
 
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """Cached attention of ``x``'s tokens (see :meth:`Attention.decode`), with the QK-norm."""
+        a = self.attn
+        q, k, v = self.q_norm(a.q_proj(x)), self.k_norm(a.k_proj(x)), a.v_proj(x)
+        return a.decode_projected(q, k, v, cache, pos_ids, window=window)
+
 
 class LlamaDecoderLayer(eqx.Module):
     """A pre-RMSNorm block: ``x + self_attn(input_layernorm(x))`` then ``x + mlp(post_attention_layernorm(x))``."""
@@ -236,6 +245,14 @@ class LlamaDecoderLayer(eqx.Module):
         """Apply the block to ``(..., position, embed)`` (``pos_ids``: the rotary positions, None: ``0 .. n - 1``)."""
         x = x + self.self_attn(self.input_layernorm(x), mask, pos_ids=pos_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """The block over cached keys and values (see :meth:`LlamaLMHeadModel.decode`); ``window``: sliding window."""
+        attn_out, cache = self.self_attn.decode(self.input_layernorm(x), cache, pos_ids, window=window)
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
 class LlamaTransformer(eqx.Module):
@@ -349,6 +366,39 @@ class LlamaLMHeadModel(LmHeadModel):
 
         Padded vocabulary entries hold the dtype's most negative value.
         """
-        x = self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids)
+        return self._logits(self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids))
+
+    def _logits(self, x: NamedArray) -> NamedArray:
+        """The output projection of final hidden states; padded vocabulary entries get the most negative value."""
         logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size)
+
+    def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
+        """An empty cache over ``(layers, batch, kv_heads, cache_position, head_size)`` (see :class:`LmHeadModel`).
+
+        Raises:
+            ValueError: if ``max_len`` is below 1.
+        """
+        config = self.config
+        dtype = self.transformer.embed_tokens.weight.dtype if dtype is None else dtype
+        return KvCache.init((config.Layers, Batch, config.KVHeads), config.HeadSize, max_len, dtype=dtype)
+
+    def _decode_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of every block's ``decode`` (e.g. the sliding window; subclasses add theirs)."""
+        return {}
+
+    def decode(
+        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`)."""
+        del key
+        pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
+        x = self.transformer.embed_tokens.embed(tokens)
+        x, cache = self.transformer.layers.scan_via(_decode_block)(x, cache, pos_ids, **self._decode_kwargs())
+        return self._logits(self.transformer.norm(x)), cache
+
+
+def _decode_block(block: Any, x: NamedArray, *args: Any, **kwargs: Any) -> tuple[NamedArray, KvCache]:
+    """``block.decode(x, ...)``, the step of the scan over layers in :meth:`LlamaLMHeadModel.decode`."""
+    out: tuple[NamedArray, KvCache] = block.decode(x, *args, **kwargs)
+    return out

@@ -23,6 +23,7 @@ from ponente.namedtensor.state_dict import (
 )
 
 from .attention import AttentionMask
+from .kv_cache import KvCache
 
 __all__ = [
     "FUSED_LOSS_BLOCK_SIZE",
@@ -92,6 +93,51 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         Returns:
             Logits with the input's axes followed by ``vocab``.
         """
+
+    def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
+        """An empty key/value cache for decoding ``Batch`` sequences of up to ``max_len`` tokens (see :meth:`decode`).
+
+        Args:
+            Batch: the batch axis of the tokens that :meth:`decode` will be given.
+            max_len: the number of cache slots: the longest sequence (prompt and generated tokens) it can hold.
+            dtype: the dtype of the cached keys and values (None: the model's parameter dtype).
+
+        Returns:
+            A zero :class:`~ponente.models.kv_cache.KvCache` over ``(layers, batch, kv_heads, cache_position,
+            head_size)``.
+
+        Raises:
+            NotImplementedError: if the model has no cached decoding.
+            ValueError: if ``max_len`` is below 1 (or beyond what the model's positions allow).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement init_cache()/decode()")
+
+    def decode(
+        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """Logits of ``tokens`` given the cached earlier tokens; also write the tokens' keys and values to the cache.
+
+        Used for prefill (``n`` = the padded prompt length, ``pos_ids`` ``0 .. n - 1``) and then for each new token
+        (``n = 1``, ``pos_ids`` = the row's current length). A token at position ``p`` is written to cache slot ``p``
+        of its row and attends to slots ``<= p`` (and ``> p - window`` on sliding-window layers), so its logits equal
+        those of the full forward pass (:meth:`__call__`) at position ``p`` of the whole sequence. Right-padded
+        prompts work: padding writes slots past a row's length, which are overwritten before they are attended to.
+        A pure function (no compilation inside; callers ``jit`` it).
+
+        Args:
+            tokens: integer ids over ``(batch, position)``, ``position`` of any size ``n >= 1``.
+            cache: the cache (from :meth:`init_cache`, or returned by the previous call).
+            pos_ids: the position of each token, over ``(batch, position)`` (or ``position`` alone, shared by all
+                rows); positions ``>= max_len`` are not cached.
+            key: PRNG key (unused: decoding is deterministic).
+
+        Returns:
+            ``(logits over (batch, position, vocab), the updated cache)``.
+
+        Raises:
+            NotImplementedError: if the model has no cached decoding.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement init_cache()/decode()")
 
     def activations(
         self,

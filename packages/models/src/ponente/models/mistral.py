@@ -133,3 +133,7 @@ class MistralLMHeadModel(LlamaLMHeadModel):
         window: int | None = getattr(self.config, "sliding_window", None)
         mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
         return super().activations(input_ids, mask, key=key, pos_ids=pos_ids)
+
+    def _decode_kwargs(self) -> dict[str, Any]:
+        """Every block attends over the config's sliding window (see :meth:`LlamaLMHeadModel.decode`)."""
+        return {"window": getattr(self.config, "sliding_window", None)}

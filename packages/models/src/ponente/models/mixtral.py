@@ -18,6 +18,7 @@ from ponente.namedtensor.nn import RmsNorm
 from ._layer_types import with_sliding_window
 from .attention import Attention, AttentionMask
 from .config import lm_flops_per_token, mask_padded_vocab, padded_vocab_size, register_config
+from .kv_cache import KvCache
 from .llama import LlamaConfig, LlamaDecoderLayer, LlamaLMHeadModel, QkNormAttention
 from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss
 
@@ -193,6 +194,15 @@ class MixtralDecoderLayer(eqx.Module):
         y, routing = self.block_sparse_moe(self.post_attention_layernorm(x))
         return x + y, routing
 
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`), without routing."""
+        attn_out, cache = self.self_attn.decode(self.input_layernorm(x), cache, pos_ids, window=window)
+        x = x + attn_out
+        y, _ = self.block_sparse_moe(self.post_attention_layernorm(x))
+        return x + y, cache
+
 
 # Hugging Face expert layouts: per expert (checkpoint files of transformers 4 and 5), fused (transformers 5 in memory)
 _PER_EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
@@ -256,6 +266,10 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
     def _mask(self, input_ids: NamedArray, attn_mask: AttentionMask | NamedArray | None) -> AttentionMask | NamedArray:
         """``attn_mask`` (None: causal) restricted to the config's sliding window (as Mistral's)."""
         return with_sliding_window(attn_mask, self.config.sliding_window, input_ids.resolve_axis("position"))
+
+    def _decode_kwargs(self) -> dict[str, Any]:
+        """Every block attends over the config's sliding window (see :meth:`LlamaLMHeadModel.decode`)."""
+        return {"window": self.config.sliding_window}
 
     def activations_and_aux(
         self,

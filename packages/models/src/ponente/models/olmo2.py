@@ -14,6 +14,7 @@ from ponente.namedtensor.nn import Linear, RmsNorm
 
 from .attention import Attention, AttentionMask
 from .config import register_config
+from .kv_cache import KvCache
 from .llama import LlamaConfig, LlamaLMHeadModel, LlamaMlp, QkNormAttention
 
 __all__ = ["Olmo2Config", "Olmo2LMHeadModel"]
@@ -122,6 +123,14 @@ class Olmo2DecoderLayer(eqx.Module):
         """Apply the block to ``(..., position, embed)`` (``pos_ids``: the rotary positions, None: ``0 .. n - 1``)."""
         x = x + self.post_attention_layernorm(self.self_attn(x, mask, pos_ids=pos_ids))
         return x + self.post_feedforward_layernorm(self.mlp(x))
+
+    def decode(
+        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None
+    ) -> tuple[NamedArray, KvCache]:
+        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`)."""
+        attn_out, cache = self.self_attn.decode(x, cache, pos_ids, window=window)
+        x = x + self.post_attention_layernorm(attn_out)
+        return x + self.post_feedforward_layernorm(self.mlp(x)), cache
 
 
 class Olmo2LMHeadModel(LlamaLMHeadModel):

@@ -17,6 +17,7 @@ from ponente.namedtensor.nn import Linear
 from ._layer_types import FULL, SLIDING, check_layer_types, layer_kinds, select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask
 from .config import register_config
+from .kv_cache import KvCache
 from .llama import LlamaConfig, LlamaDecoderLayer, QkNormAttention
 from .mistral import MistralConfig, MistralLMHeadModel
 
@@ -244,6 +245,36 @@ class QwenDecoderLayer(LlamaDecoderLayer):
         )
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def decode(
+        self,
+        x: NamedArray,
+        cache: KvCache,
+        pos_ids: NamedArray,
+        *,
+        sliding: bool | NamedArray = False,
+        window: int | None = None,
+    ) -> tuple[NamedArray, KvCache]:
+        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`).
+
+        Args:
+            x: ``(batch, position, embed)``.
+            cache: this layer's cache.
+            pos_ids: the tokens' positions over ``(batch, position)``.
+            sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside the scan).
+            window: the window of sliding layers.
+
+        Returns:
+            ``((batch, position, embed), the updated cache)``.
+        """
+        h = self.input_layernorm(x)
+        attn_out, cache = select_by_kind(
+            sliding,
+            lambda: self.self_attn.decode(h, cache, pos_ids, window=window),
+            lambda: self.self_attn.decode(h, cache, pos_ids),
+        )
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
 
 class QwenLMHeadModel(MistralLMHeadModel):
     """Qwen2: :class:`~ponente.models.MistralLMHeadModel` with Q/K/V biases, its sliding window on all or some layers.
@@ -282,3 +313,11 @@ class QwenLMHeadModel(MistralLMHeadModel):
         x = self.transformer.embed_tokens.embed(input_ids)
         x = self.transformer.layers.fold(x, mask, sliding_mask, kinds, pos_ids=pos_ids)
         return self.transformer.norm(x)
+
+    def _decode_kwargs(self) -> dict[str, Any]:
+        """The per-layer sliding flags and the window (see :meth:`LlamaLMHeadModel.decode`)."""
+        config = cast(_SlidingLayersConfig, self.config)
+        return {
+            "sliding": layer_kinds(config.resolved_layer_types(), self.config.Layers),
+            "window": config.sliding_window,
+        }

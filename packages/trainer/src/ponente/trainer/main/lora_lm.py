@@ -25,6 +25,7 @@ from typing import Any
 from ponente.models.lora import LoraConfig
 from ponente.trainer import run
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.eval_harness import EvalHarnessConfig
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
 from ponente.trainer.trainer import TrainerConfig
 
@@ -47,6 +48,10 @@ class LoraLmConfig:
         hf_save_steps: also write both every this many steps, to ``<path>/step-N`` (None: only at the end).
         max_train_length: train on rows of at most this many tokens (None: the model's ``seq_len``).
         data_seed: seed of the data order (None: ``trainer.seed``).
+        viz_logprobs: write an HTML page of the log-probabilities of some validation rows during training
+            (None: none; see :class:`ponente.trainer.run.VizLogprobsConfig`).
+        eval_harness: lm-eval tasks scored every ``eval_harness.every`` steps (None: none; see
+            :class:`ponente.trainer.eval_harness.EvalHarnessConfig`).
     """
 
     initialize_from_hf: str | None = None
@@ -59,6 +64,8 @@ class LoraLmConfig:
     hf_save_steps: int | None = 1000
     max_train_length: int | None = None
     data_seed: int | None = None
+    viz_logprobs: run.VizLogprobsConfig | None = None
+    eval_harness: EvalHarnessConfig | None = None
 
     def __post_init__(self) -> None:
         if self.hf_save_steps is not None and self.hf_save_steps < 1:
@@ -96,6 +103,8 @@ def train(config: LoraLmConfig) -> run.TrainResult:
         step_model=with_dropout_keys,
         export=_exporter(config, seq_len),
         export_every=config.hf_save_steps,
+        viz_logprobs=config.viz_logprobs,
+        eval_harness=config.eval_harness,
     )
     return run.train_language_model(config, recipe, startup)
 

@@ -10,6 +10,11 @@ Levanter's key names) read from YAML files and dotted overrides; ``--help`` list
 4. saves a final checkpoint (and a Hugging Face export if ``hf_save_path`` is set), samples a short
    text when ``sample.num_tokens > 0``, and prints where everything went.
 
+With a ``viz_logprobs:`` section, it also draws the first validation rows as an HTML page of token
+log-probabilities at each evaluation (``ponente.trainer.run.VizLogprobsConfig``). With an ``eval_harness:``
+section, it scores lm-eval tasks every ``eval_harness.every`` steps and logs ``lm_eval/<task>/<metric>``
+(``ponente.trainer.eval_harness.EvalHarnessConfig``; needs ``pip install 'ponente-trainer[eval]'``).
+
 The steps shared with other entry points (provenance, restore, signals, export, ...) are in
 :mod:`ponente.trainer.run`; this module says what is particular to language-model pre-training.
 """
@@ -23,6 +28,7 @@ from typing import Literal
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer import run
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.eval_harness import EvalHarnessConfig
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
 from ponente.trainer.run import PREEMPTED_EXIT_CODE, SampleConfig, TrainResult, config_differences
 from ponente.trainer.trainer import TrainerConfig
@@ -64,6 +70,10 @@ class TrainLmConfig:
         hf_save_path: if set, export the final model as a Hugging Face folder there.
         hf_save_steps: also export every this many steps (needs ``hf_save_path``).
         sample: the text sampled at the end of the run.
+        viz_logprobs: write an HTML page of the log-probabilities of some validation rows during training
+            (None: none; see :class:`ponente.trainer.run.VizLogprobsConfig`).
+        eval_harness: lm-eval tasks scored every ``eval_harness.every`` steps (None: none; see
+            :class:`ponente.trainer.eval_harness.EvalHarnessConfig`).
     """
 
     data: LMDatasetConfig | LMMixtureDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
@@ -78,6 +88,8 @@ class TrainLmConfig:
     hf_save_path: str | None = None
     hf_save_steps: int | None = None
     sample: SampleConfig = dataclasses.field(default_factory=SampleConfig)
+    viz_logprobs: run.VizLogprobsConfig | None = None
+    eval_harness: EvalHarnessConfig | None = None
 
     def __post_init__(self) -> None:
         if self.hf_save_steps is not None and self.hf_save_path is None:
@@ -134,6 +146,8 @@ def recipe(config: TrainLmConfig, *, use_hf_model_config: bool, max_train_length
         z_loss_weight=config.z_loss_weight,
         cross_entropy_block_size=config.cross_entropy_block_size,
         sample=config.sample,
+        viz_logprobs=config.viz_logprobs,
+        eval_harness=config.eval_harness,
     )
 
 

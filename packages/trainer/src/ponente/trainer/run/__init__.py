@@ -25,7 +25,9 @@ and how often. :func:`train_language_model` takes the shared steps in this order
     restore(state, trainer, checkpointer, record.provenance)
                                                       resume (reporting config differences) or initialize
     train_on(trainer, state, train_set, rows=..., eval_fn=Evaluator(...))
-                                                      SIGTERM stops at a step boundary; exports every N steps
+                                                      SIGTERM stops at a step boundary; exports every N steps;
+                                                      logprob_pages(recipe.viz_logprobs, ...) draws validation rows;
+                                                      eval_harness_hook(recipe.eval_harness, ...) scores lm-eval tasks
     final_checkpoint(checkpointer, state)             save, wait, latest committed checkpoint
     recipe.export(model, None)                        e.g. export_hf(model, path, tokenizer=..., seq_len=...)
     sample_text(model, tokenizer, vocab_size, SampleConfig(...), key)
@@ -41,6 +43,7 @@ from ._cli import LOG_FORMAT, LOG_LEVEL_ENV, command_line_main, parse_command_li
 from ._data import RECORD_ROWS_ENV, build_caches_once, rows_recorder
 from ._devices import pad_vocab_for_partitioning, resolve_train_batch_size, start_distributed
 from ._differences import FIXED_ON_RESUME, config_differences
+from ._eval_harness import eval_harness_hook
 from ._evaluation import Evaluator, eval_batches
 from ._export import export_hf, hf_exporter
 from ._finish import final_checkpoint, finish_trackers
@@ -54,6 +57,7 @@ from ._sampling import SampleConfig, sample_text
 from ._signals import PREEMPTED_EXIT_CODE, stop_on_sigterm
 from ._startup import Startup, process_age
 from ._training import EXAMPLE_FIELDS, TEXT_FIELDS, batch_fields, placeholder_batch, train_on
+from ._viz_logprobs import VizLogprobsConfig, logprob_pages
 
 __all__ = [
     "EXAMPLE_FIELDS",
@@ -71,12 +75,14 @@ __all__ = [
     "SampleConfig",
     "Startup",
     "TrainResult",
+    "VizLogprobsConfig",
     "batch_fields",
     "build_caches_once",
     "check_training_data",
     "command_line_main",
     "config_differences",
     "eval_batches",
+    "eval_harness_hook",
     "export_hf",
     "final_checkpoint",
     "finish_trackers",
@@ -85,6 +91,7 @@ __all__ = [
     "hf_vocab_size",
     "load_hf_weights",
     "load_model_from_checkpoint",
+    "logprob_pages",
     "new_run_id",
     "output_locations",
     "pad_vocab_for_partitioning",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from ._data import build_caches_once
 from ._devices import pad_vocab_for_partitioning, resolve_train_batch_size, start_distributed
+from ._eval_harness import eval_harness_hook
 from ._evaluation import Evaluator
 from ._finish import final_checkpoint, finish_trackers
 from ._outputs import output_locations
@@ -25,10 +26,12 @@ from ._result import TrainResult
 from ._sampling import SampleConfig, sample_text
 from ._startup import Startup
 from ._training import batch_fields, placeholder_batch, train_on
+from ._viz_logprobs import VizLogprobsConfig, logprob_pages
 
 if TYPE_CHECKING:
     from ponente.models import LmConfig
     from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+    from ponente.trainer.eval_harness import EvalHarnessConfig
     from ponente.trainer.optim import OptimizerConfig
     from ponente.trainer.trainer import TrainerConfig
 
@@ -80,6 +83,8 @@ class LmRecipe:
         z_loss_weight: weight of the z-loss (0: none).
         cross_entropy_block_size: blockwise loss over this many vocabulary entries (see ``lm_loss_fn``).
         sample: the text sampled at the end of the run (None: none).
+        viz_logprobs: the log-prob page of some validation rows written during training (None: none).
+        eval_harness: lm-eval tasks scored every N steps, logged as ``lm_eval/<task>/<metric>`` (None: none).
     """
 
     model_config: LmConfig
@@ -94,6 +99,8 @@ class LmRecipe:
     z_loss_weight: float = 0.0
     cross_entropy_block_size: int | Literal["auto"] | None = "auto"
     sample: SampleConfig | None = None
+    viz_logprobs: VizLogprobsConfig | None = None
+    eval_harness: EvalHarnessConfig | None = None
 
 
 def start_run(tcfg: TrainerConfig) -> Startup:
@@ -239,6 +246,33 @@ def train_language_model(config: LmRunConfig, recipe: LmRecipe, startup: Startup
                 recipe.export(info.state.model, f"step-{info.step}")  # the last step's export is the final one
 
     trainer.hooks.append(as_hook(on_step))
+    if recipe.viz_logprobs is not None:
+        trainer.hooks.append(
+            logprob_pages(
+                recipe.viz_logprobs,
+                datasets=validation,
+                tokenizer=data.the_tokenizer,
+                tracker=tracker,
+                run_id=record.run_id,
+                run_dir=record.run_dir,
+                steps_per_eval=tcfg.steps_per_eval,
+                mesh=trainer.mesh,
+                eval_model=lambda model: trainer.mp.cast_to_compute(models.for_eval(model)),
+            )
+        )
+    if recipe.eval_harness is not None:
+        trainer.hooks.append(
+            eval_harness_hook(
+                recipe.eval_harness,
+                tokenizer=data.the_tokenizer,
+                tracker=tracker,
+                vocab_size=data.the_vocab_size,
+                mesh=trainer.mesh,
+                axis_mapping=trainer.compute_axis_mapping,
+                parameter_axis_mapping=trainer.parameter_axis_mapping,
+                eval_model=lambda model: trainer.mp.cast_to_compute(models.for_eval(model)),
+            )
+        )
     state = train_on(trainer, state, train_set, rows=rows, eval_fn=evaluator if validation else None)
     stopped = trainer.last_stop_reason
     steps = int(state.step)
@@ -284,6 +318,10 @@ class _Models:
         self.model_config = model_config
         self.Vocab = Vocab
         self.adapt_key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+
+    def for_eval(self, model: Any) -> Any:
+        """The model the loss sees when evaluating (:attr:`LmRecipe.step_model` without a key)."""
+        return model if self.recipe.step_model is None else self.recipe.step_model(model, None)
 
     def adapted(self, model: Any) -> Any:
         """``model`` with the recipe's adapters (itself without ``adapt``)."""

@@ -1,0 +1,154 @@
+"""Decode throughput of the generation engine: vs ``transformers`` ``generate`` and vs the no-cache sampler.
+
+One random Llama (``PONENTE_BENCH_DECODE_SIZE``: ``small`` = hidden 256, 4 layers, 8 heads / 4 KV heads, vocab
+4096, 512 positions; ``tiny`` = hidden 64, 2 layers) is written with ``transformers``' ``save_pretrained`` and
+loaded into Ponente with ``ponente.models.hf.load_pretrained``, so both sides run the same weights in float32.
+
+- ``engine-vs-transformers``: batch 8, prompts of 16 random tokens, greedy, 128 new tokens (no stop token):
+  ``Engine.generate`` vs ``transformers`` ``generate(do_sample=False, min_new_tokens=128)`` with its KV cache;
+  generated tokens/s of each (compilation excluded: one warm-up call), the outputs checked equal, and the ratio
+  (target >= 1).
+- ``engine-vs-sample-tokens``: one prompt of 384 tokens continued by 128 (the 512-token window of the no-cache
+  ``ponente.trainer.sample.sample_tokens``, which runs the whole window per token): tokens/s of both and the
+  ratio (target >= 20).
+
+Each side is timed ``PONENTE_BENCH_REPEAT`` times (default 3), alternating, and the median counts.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+if TYPE_CHECKING:
+    from benchmarks.harness import Recorder
+
+SIZES = {
+    "small": {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "heads": 8, "kv": 4},
+    "tiny": {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "heads": 4, "kv": 2},
+}
+VOCAB = 4096
+POSITIONS = 512
+NEW_TOKENS = 128
+
+
+def _hf_model(size: str) -> Any:
+    import torch
+    import transformers
+
+    s = SIZES[size]
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=s["hidden_size"],
+        intermediate_size=s["intermediate_size"],
+        num_hidden_layers=s["num_hidden_layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv"],
+        max_position_embeddings=POSITIONS,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # decisive logits: greedy outputs comparable across implementations
+    return model.eval()
+
+
+def _alternating_medians(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(repeat):
+        for name in list(fns)[r % len(fns) :] + list(fns)[: r % len(fns)]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run(rec: Recorder) -> None:
+    """Measure decode tokens/s of the engine, of ``transformers`` and of the no-cache sampler."""
+    import torch
+
+    from ponente.models.hf import load_pretrained
+    from ponente.trainer.inference import Engine, GenerationConfig
+    from ponente.trainer.sample import sample_tokens
+
+    size = os.environ.get("PONENTE_BENCH_DECODE_SIZE", "small")
+    repeat = int(os.environ.get("PONENTE_BENCH_REPEAT", "3"))
+    hf = _hf_model(size)
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        model = load_pretrained(folder)
+    rng = np.random.RandomState(0)
+    extra = {"size": size, "backend": jax.default_backend(), "torch_threads": torch.get_num_threads()}
+
+    # batch 8, short prompts, 128 greedy tokens: the engine vs transformers' generate (both with a KV cache)
+    prompts = rng.randint(1, VOCAB, size=(8, 16))
+    engine = Engine(model, max_batch_size=8)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS)
+    ours: list[Any] = []
+    theirs: list[Any] = []
+
+    def engine_batch() -> None:
+        ours[:] = engine.generate([list(p) for p in prompts], config)
+
+    def hf_batch() -> None:
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor(prompts),
+                attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+            )
+        theirs[:] = out[:, prompts.shape[1] :].tolist()
+
+    engine_batch()
+    hf_batch()  # warm-up (compilation, allocations)
+    same = sum(c.tokens == t for c, t in zip(ours, theirs, strict=True))
+    medians = _alternating_medians({"engine": engine_batch, "transformers": hf_batch}, repeat)
+    tokens = prompts.shape[0] * NEW_TOKENS
+    for name, seconds in medians.items():
+        rec.record(f"batch8-{name}", "tokens_per_s", tokens / seconds, "tokens/s", **extra)
+    rec.record(
+        "engine-vs-transformers",
+        "ratio",
+        medians["transformers"] / medians["engine"],
+        "x",
+        target=">= 1",
+        rows_equal=f"{same}/{len(ours)}",
+        **extra,
+    )
+
+    # one 384-token prompt + 128 tokens: the engine vs the no-cache sampler over its 512-token window
+    prompt = [int(t) for t in rng.randint(1, VOCAB, size=POSITIONS - NEW_TOKENS)]
+    single = Engine(model, max_batch_size=1)
+    key = jax.random.PRNGKey(0)
+
+    def engine_one() -> None:
+        single.generate([prompt], config)
+
+    def no_cache() -> None:
+        sample_tokens(model, prompt, num_tokens=NEW_TOKENS, key=key, temperature=0.0)
+
+    engine_one()
+    no_cache()
+    medians = _alternating_medians({"engine": engine_one, "sample_tokens": no_cache}, repeat)
+    for name, seconds in medians.items():
+        rec.record(f"context512-{name}", "tokens_per_s", NEW_TOKENS / seconds, "tokens/s", **extra)
+    rec.record(
+        "engine-vs-sample-tokens",
+        "ratio",
+        medians["sample_tokens"] / medians["engine"],
+        "x",
+        target=">= 20",
+        **extra,
+    )

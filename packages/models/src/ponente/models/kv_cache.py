@@ -1,0 +1,192 @@
+"""The key/value cache of autoregressive decoding: :class:`KvCache` and attention of new queries over it.
+
+A model's :meth:`~ponente.models.LmHeadModel.init_cache` makes an empty cache; its
+:meth:`~ponente.models.LmHeadModel.decode` runs some tokens (a padded prompt, then one token per step) through the
+layers, writing each token's keys and values into the cache at the token's position and attending over the cache.
+Slot ``c`` of the ``cache_position`` axis holds the keys and values of the token at position ``c`` of its row, so a
+query at position ``p`` attends to slots ``0 .. p`` (``p - window + 1 .. p`` on a sliding-window layer). Slots
+beyond ``p`` may hold stale or garbage entries (e.g. the right padding of a shorter prompt in a batch): they are never
+attended to, and the token that later takes their position overwrites them first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax.numpy as jnp
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis, NamedArray
+
+__all__ = ["CACHE_POSITION", "KvCache", "cached_attention"]
+
+CACHE_POSITION = "cache_position"
+"""The name of the cache's slot axis (one slot per token position, ``0 .. max_len - 1``)."""
+
+
+class KvCache(eqx.Module):
+    """The keys and values of the tokens decoded so far, one slot per position (an Equinox pytree).
+
+    For a model, both arrays are ``(layers, batch, kv_heads, cache_position, head_size)``; inside a layer (the scan
+    over layers slices the cache) they lack ``layers``. Keys are stored after the rotary embedding (and QK-norm), as
+    attention reads them.
+
+    Attributes:
+        keys: the keys, with a ``cache_position`` axis.
+        values: the values, same axes as ``keys``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> Batch, Heads, Hd = hax.make_axes(batch=1, kv_heads=1, head_size=2)
+        >>> cache = KvCache.init((Batch, Heads), Hd, max_len=4)
+        >>> k = hax.ones((Batch, hax.Axis("position", 1), Heads, Hd))
+        >>> pos = hax.named(jnp.array([[2]]), ("batch", "position"))
+        >>> cache.update(k, k, pos).keys["kv_heads", 0, "head_size", 0].array.tolist()
+        [[0.0, 0.0, 1.0, 0.0]]
+    """
+
+    keys: NamedArray
+    values: NamedArray
+
+    @staticmethod
+    def init(
+        Leading: Axis | tuple[Axis, ...],
+        HeadSize: Axis,
+        max_len: int,
+        *,
+        dtype: jnp.dtype | type = jnp.float32,
+    ) -> KvCache:
+        """An empty (zero) cache of ``max_len`` slots.
+
+        Args:
+            Leading: the axes before ``cache_position``, e.g. ``(Layers, Batch, KVHeads)``.
+            HeadSize: the per-head axis (last).
+            max_len: the number of slots (the longest sequence, prompt and generated tokens, it can hold).
+            dtype: the dtype of keys and values.
+
+        Returns:
+            The cache.
+
+        Raises:
+            ValueError: if ``max_len`` is below 1.
+        """
+        if max_len < 1:
+            raise ValueError(f"KvCache.init: max_len must be >= 1, got {max_len}")
+        leading = (Leading,) if isinstance(Leading, Axis) else tuple(Leading)
+        axes = (*leading, Axis(CACHE_POSITION, max_len), HeadSize)
+        return KvCache(hax.zeros(axes, dtype=dtype), hax.zeros(axes, dtype=dtype))
+
+    @property
+    def CachePos(self) -> Axis:
+        """The slot axis (``cache_position``, of size ``max_len``)."""
+        return self.keys.resolve_axis(CACHE_POSITION)
+
+    @property
+    def max_len(self) -> int:
+        """The number of slots."""
+        return self.CachePos.size
+
+    def update(self, key: NamedArray, value: NamedArray, pos_ids: NamedArray) -> KvCache:
+        """A copy with ``key`` and ``value`` written at the slots ``pos_ids`` (per batch row).
+
+        Positions ``>= max_len`` are dropped (not written).
+
+        Args:
+            key: ``(batch..., position, kv heads..., head_size)``, the cache's axes with ``position`` instead of
+                ``cache_position`` (any order).
+            value: like ``key``.
+            pos_ids: integer slot of each token, over ``(batch..., position)``: the batch axes are the cache's axes
+                that ``pos_ids`` has.
+
+        Returns:
+            The updated cache.
+
+        Raises:
+            ValueError: if ``pos_ids`` has no ``position`` axis.
+        """
+        if not pos_ids.has_axis("position"):
+            raise ValueError(f"KvCache.update: pos_ids needs a 'position' axis, got axes {pos_ids.axis_names}")
+        return KvCache(_write(self.keys, key, pos_ids), _write(self.values, value, pos_ids))
+
+    def attention_mask(self, pos_ids: NamedArray, window: int | None = None) -> NamedArray:
+        """Which slots each query may attend to: ``slot <= p`` (and ``slot > p - window``) for a query at ``p``.
+
+        Args:
+            pos_ids: the queries' positions over ``(batch..., position)``.
+            window: how many keys (the query's own included) a sliding-window layer sees; None: all earlier ones.
+
+        Returns:
+            A boolean NamedArray over ``pos_ids``' axes and ``cache_position``.
+        """
+        slots = hax.broadcast_to(hax.arange(self.CachePos), (*pos_ids.axes, self.CachePos))
+        allowed = slots <= pos_ids
+        if window is not None:
+            allowed = allowed & (slots > pos_ids - window)
+        return allowed
+
+
+def _write(cache: NamedArray, new: NamedArray, pos_ids: NamedArray) -> NamedArray:
+    """``cache`` with ``new[b, i]`` written at slot ``pos_ids[b, i]`` (a scatter per batch row; overflow dropped)."""
+    CachePos = cache.resolve_axis(CACHE_POSITION)
+    Pos = new.resolve_axis("position")
+    batch = tuple(ax for ax in cache.axes if pos_ids.has_axis(ax.name))
+    inner = tuple(ax for ax in cache.axes if ax.name != CACHE_POSITION and not pos_ids.has_axis(ax.name))
+    c = cache.rearrange((*batch, CachePos, *inner)).array
+    n = new.rearrange((*batch, Pos, *inner)).array.astype(cache.dtype)
+    p = pos_ids.rearrange((*batch, Pos)).array.astype(jnp.int32)
+    rows = math.prod(ax.size for ax in batch)
+    c2 = c.reshape(rows, CachePos.size, *c.shape[len(batch) + 1 :])
+    n2 = n.reshape(rows, Pos.size, *n.shape[len(batch) + 1 :])
+    p2 = p.reshape(rows, Pos.size)
+    c2 = c2.at[jnp.arange(rows)[:, None], p2].set(n2, mode="drop")
+    return NamedArray(c2.reshape(c.shape), (*batch, CachePos, *inner)).rearrange(cache.axes)
+
+
+def cached_attention(
+    HeadSize: Axis,
+    query: NamedArray,
+    cache: KvCache,
+    pos_ids: NamedArray,
+    *,
+    window: int | None = None,
+    scaling_factor: float | None = None,
+    logit_soft_cap: float | None = None,
+) -> NamedArray:
+    """Attention of queries at positions ``pos_ids`` over the cached keys and values (already updated with theirs).
+
+    Scores are computed and soft-maxed in float32 (masked slots get float32's most negative value), then cast to the
+    values' dtype. Grouped-query attention works by broadcasting: query axes the keys lack (``q_heads_per_group``)
+    are kept.
+
+    Args:
+        HeadSize: the contracted per-head axis.
+        query: ``(batch..., position, heads..., head_size)``.
+        cache: the cache of this layer (no ``layers`` axis), holding the keys of every position ``<= pos_ids``.
+        pos_ids: the queries' positions over ``(batch..., position)``.
+        window: how many keys (the query's own included) each query sees; None: all earlier ones.
+        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
+        logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` before masking (Gemma 2).
+
+    Returns:
+        The attended values with the query's axes.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, ponente.namedtensor as hax
+        >>> Batch, Pos, Hd = hax.make_axes(batch=1, position=3, head_size=4)
+        >>> x = hax.random.normal(jax.random.key(0), (Batch, Pos, Hd))
+        >>> pos = hax.broadcast_to(hax.arange(Pos), (Batch, Pos))
+        >>> cache = KvCache.init(Batch, Hd, max_len=8).update(x, x, pos)
+        >>> out = cached_attention(Hd, x, cache, pos)
+        >>> bool(jnp.allclose(out["position", 0].array, x["position", 0].array))  # the first token sees only itself
+        True
+    """
+    CachePos = cache.CachePos
+    scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
+    scores = hax.dot(query, cache.keys, axis=HeadSize.name, preferred_element_type=jnp.float32)
+    scores = scores.astype(jnp.float32) * scale
+    if logit_soft_cap is not None:
+        scores = logit_soft_cap * hax.tanh(scores / logit_soft_cap)
+    scores = hax.where(cache.attention_mask(pos_ids, window), scores, jnp.finfo(jnp.float32).min)
+    weights = hax.nn.softmax(scores, axis=CachePos.name).astype(cache.values.dtype)
+    return hax.dot(weights, cache.values, axis=CachePos.name).rearrange(query.axes)

@@ -1,0 +1,35 @@
+"""Generation: continue prompts with a language model through its key/value cache, batched and sharded.
+
+One engine serves the sampler (``ponente-sample-lm``), the server, the evaluation harness and RL rollouts::
+
+    from ponente.trainer.inference import Engine, GenerationConfig, load_model
+
+    model, tokenizer = load_model("my-hf-folder")  # or a Ponente checkpoint
+    engine = Engine(model, tokenizer, max_batch_size=8)
+    for c in engine.generate(["The capital of France is", "1, 2, 3,"], GenerationConfig(max_new_tokens=16)):
+        print(c.text, c.finish_reason)
+
+- ``_config``: :class:`GenerationConfig` (greedy/temperature/top-k/top-p, stops, seed, log-probs) and
+  :class:`Completion`.
+- ``_sampling``: the next token of each row from its logits (per-row settings, per-row PRNG keys).
+- ``_text``: incremental decoding with stop strings (the deltas a stream sends).
+- ``_engine``: :class:`Engine`: buckets, the compiled prefill and decode step, the host loop.
+- ``_load``: :func:`load_model` from a Hugging Face folder or a Ponente checkpoint.
+"""
+
+from ._config import Completion, FinishReason, GenerationConfig
+from ._engine import Engine, TokenCallback
+from ._load import eos_token_ids, load_model
+from ._sampling import SamplingParams, sample_next
+
+__all__ = [
+    "Completion",
+    "Engine",
+    "FinishReason",
+    "GenerationConfig",
+    "SamplingParams",
+    "TokenCallback",
+    "eos_token_ids",
+    "load_model",
+    "sample_next",
+]

@@ -1,0 +1,177 @@
+"""Serve a language model over an OpenAI-compatible HTTP API: ``ponente-serve`` (the ``serve`` extra).
+
+Example::
+
+    ponente-serve --hf_checkpoint my-hf-folder --port 8000
+    ponente-serve --checkpoint_path runs/checkpoints/<run id> --model_name my-run --api_key secret
+
+The model comes from a Hugging Face folder (``hf_checkpoint``) or a Ponente checkpoint or run directory
+(``checkpoint_path``: the run's saved configuration gives the architecture and tokenizer; ``model`` and
+``tokenizer`` override them). Concurrent requests are batched together (``max_batch_size``); requests beyond
+the limits (``max_tokens``, the context of ``max_seq_len`` tokens) get a 400 JSON error. The API key may also
+come from the ``PONENTE_SERVE_API_KEY`` environment variable (kept out of the process list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ponente.models import LmConfig
+from ponente.trainer.run import parse_command_line, print_versions
+
+__all__ = ["API_KEY_ENV", "ServeConfig", "build_app", "main"]
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "PONENTE_SERVE_API_KEY"
+"""Environment variable holding the API key when ``api_key`` is not set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """Configuration of ``ponente-serve``.
+
+    Attributes:
+        hf_checkpoint: a Hugging Face model folder (or hub id).
+        checkpoint_path: a Ponente checkpoint or run directory (instead of ``hf_checkpoint``).
+        model: the architecture of ``checkpoint_path`` (None: from the run's saved configuration).
+        tokenizer: a ``tokenizer.json``, a folder holding one, or a hub id (None: the model's own).
+        vocab_size: the vocabulary size of ``checkpoint_path`` (None: from its configuration or tokenizer).
+        model_name: the model id clients name (None: the folder's name).
+        host: the address to listen on (``0.0.0.0``: every interface).
+        port: the TCP port.
+        api_key: require ``Authorization: Bearer <api_key>`` (None: ``$PONENTE_SERVE_API_KEY``, else no key).
+        chat_template: the chat template: Jinja text or a ``.jinja`` file (None: the tokenizer folder's, from
+            ``chat_template.jinja`` or ``tokenizer_config.json``; without one, chat requests get 400).
+        stop_tokens: tokens that end a completion besides the model's end-of-sequence ids (e.g. ``<|im_end|>``).
+        max_batch_size: prompts generated together, at most.
+        max_seq_len: prompt plus completion tokens, at most (None: the model's ``seq_len``).
+        max_tokens: the largest ``max_tokens`` a request may ask for.
+        default_max_tokens: ``max_tokens`` of requests that set none (capped by the context left).
+        max_pending: requests waiting for a batch, at most (429 beyond).
+        log_level: uvicorn's log level.
+    """
+
+    hf_checkpoint: str | None = None
+    checkpoint_path: str | None = None
+    model: LmConfig | None = None
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    chat_template: str | None = None
+    stop_tokens: tuple[str, ...] = ()
+    max_batch_size: int = 8
+    max_seq_len: int | None = None
+    max_tokens: int = 1024
+    default_max_tokens: int = 64
+    max_pending: int = 256
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if (self.checkpoint_path is None) == (self.hf_checkpoint is None):
+            raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
+        for name in ("max_batch_size", "max_tokens", "default_max_tokens", "max_pending"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+
+    @property
+    def source(self) -> str:
+        """The model's folder or checkpoint."""
+        return str(self.hf_checkpoint if self.hf_checkpoint is not None else self.checkpoint_path)
+
+
+def build_app(config: ServeConfig) -> Any:
+    """Load the model, build its engine and the app, as ``config`` says.
+
+    Args:
+        config: the configuration.
+
+    Returns:
+        The FastAPI app (serve it with ``ponente.trainer.serve.serve``).
+
+    Raises:
+        ImportError: if the ``serve`` extra is not installed.
+        ValueError: naming the key: no tokenizer, a stop token not in the vocabulary, a bad chat template.
+    """
+    from ponente.trainer.data.templates import tokenizer_chat_defaults
+    from ponente.trainer.inference import Engine, eos_token_ids, load_model
+    from ponente.trainer.serve import ChatTemplate, ServerLimits, create_app, require_serve_extra
+
+    require_serve_extra()
+    model, tokenizer = load_model(
+        config.source, vocab_size=config.vocab_size, model_config=config.model, tokenizer=config.tokenizer
+    )
+    if tokenizer is None:
+        raise ValueError(f"tokenizer: {config.source} has no tokenizer.json; pass --tokenizer")
+    engine = Engine(model, tokenizer, max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len)
+    folder = _tokenizer_folder(config)
+    stops = list(eos_token_ids(config.source)) if config.hf_checkpoint is not None else []
+    eos = None if folder is None else tokenizer_chat_defaults(folder).eos_token
+    if eos is not None and tokenizer.token_to_id(eos) is not None:  # tokenizer_config.json's eos_token
+        stops.append(int(tokenizer.token_to_id(eos)))
+    for token in config.stop_tokens:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"stop_tokens: {token!r} is not a token of the tokenizer")
+        stops.append(int(token_id))
+    chat_template = ChatTemplate.load(tokenizer, folder, config.chat_template)
+    if chat_template is None:
+        logger.warning("no chat template (pass --chat_template): /v1/chat/completions will answer 400")
+    limits = ServerLimits(
+        model_name=config.model_name or Path(config.source.rstrip("/")).name or "ponente",
+        max_seq_len=engine.max_seq_len,
+        max_tokens=config.max_tokens,
+        default_max_tokens=config.default_max_tokens,
+        max_prompts=config.max_batch_size,
+    )
+    api_key = config.api_key if config.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    return create_app(
+        engine,
+        tokenizer,
+        limits=limits,
+        chat_template=chat_template,
+        stop_token_ids=sorted(set(stops)),
+        api_key=api_key,
+        max_pending=config.max_pending,
+    )
+
+
+def _tokenizer_folder(config: ServeConfig) -> str | None:
+    """The local folder of the tokenizer files (``tokenizer_config.json``, ``chat_template.jinja``), if any."""
+    from ponente.trainer.data import resolve_url
+
+    spec = config.tokenizer if config.tokenizer is not None else config.source
+    path = Path(resolve_url(spec))
+    if path.is_file():
+        path = path.parent
+    return str(path) if path.is_dir() else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, load the model and serve until interrupted; returns the exit code."""
+    import sys
+
+    if "--version" in (sys.argv[1:] if argv is None else argv):
+        print_versions()
+        return 0
+    config = parse_command_line(ServeConfig, argv, prog="ponente-serve")
+    from ponente.trainer.serve import serve
+
+    app = build_app(config)
+    logger.info("serving %r on http://%s:%d/v1", app.state.limits.model_name, config.host, config.port)
+    serve(app, host=config.host, port=config.port, log_level=config.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

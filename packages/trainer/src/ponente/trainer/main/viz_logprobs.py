@@ -1,0 +1,169 @@
+"""Draw a model's token log-probabilities as an HTML page: ``ponente-viz-logprobs`` (Levanter's ``viz_logprobs``).
+
+Each token of some documents is coloured by the log-probability the model gave it, from green (likely) to red
+(unlikely); hovering over a token shows the value and the most likely alternatives. The page is self-contained
+(inline CSS and script, no network assets). The documents are the first ``num_docs`` rows of the validation
+set of ``data`` (as evaluation sees them), or the first ``num_docs`` records of a jsonl file (``documents``).
+The model comes from a Hugging Face folder (``hf_checkpoint``) or a training checkpoint (``checkpoint_path``
+with the run's ``model:`` section). Examples::
+
+    ponente-viz-logprobs --hf_checkpoint out/hf --documents notes.jsonl --output notes.html
+    ponente-viz-logprobs --config_path run.yaml --checkpoint_path checkpoints/<run id> --num_docs 4
+
+where ``run.yaml`` holds the run's ``data:`` and ``model:`` sections. See ``docs/trainer/docs/visualisation.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ponente.models import Gpt2Config, LmConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.run import load_model_from_checkpoint, parse_command_line
+
+__all__ = ["VizLmConfig", "main", "read_documents", "viz_logprobs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class VizLmConfig:
+    """Configuration of ``ponente-viz-logprobs``.
+
+    Attributes:
+        data: the validation data and tokenizer (the training config's ``data:`` section).
+        model: the model config of ``checkpoint_path`` (ignored with ``hf_checkpoint``).
+        checkpoint_path: a training checkpoint or run directory.
+        hf_checkpoint: a Hugging Face model folder (instead of ``checkpoint_path``).
+        tokenizer: the tokenizer (a ``tokenizer.json``, a folder with one, or a hub id); None: the
+            ``hf_checkpoint`` folder's ``tokenizer.json`` if it has one, else ``data.tokenizer``.
+        documents: a jsonl file (optionally ``.gz``) whose records' ``data.text_key`` field holds the documents,
+            tokenized as the tokenizer's own post-processor says (e.g. with a BOS token); None: the validation
+            rows of ``data``.
+        num_docs: how many documents (rows) to draw.
+        max_length: cut documents to this many tokens (None: the model's ``seq_len``).
+        top_k: alternatives shown per token.
+        batch_size: documents per forward pass.
+        output: the HTML file to write (a local path or an fsspec URL).
+    """
+
+    data: LMDatasetConfig | LMMixtureDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
+    model: LmConfig = dataclasses.field(default_factory=Gpt2Config)
+    checkpoint_path: str | None = None
+    hf_checkpoint: str | None = None
+    tokenizer: str | None = None
+    documents: str | None = None
+    num_docs: int = 8
+    max_length: int | None = None
+    top_k: int = 5
+    batch_size: int = 1
+    output: str = "logprobs.html"
+
+    def __post_init__(self) -> None:
+        if (self.checkpoint_path is None) == (self.hf_checkpoint is None):
+            raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
+        for key in ("num_docs", "top_k", "batch_size", "max_length"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key}: must be >= 1, got {value}")
+        if not self.output:
+            raise ValueError("output: required (the HTML file to write)")
+
+
+def read_documents(path: str, text_key: str, limit: int) -> list[str]:
+    """The ``text_key`` field of the first ``limit`` records of a jsonl file (``.gz`` read compressed).
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: naming the file and line, for a line that is not a JSON object with a string ``text_key``.
+    """
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    texts: list[str] = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if len(texts) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+                raise ValueError(f"{path}:{number}: expected a JSON object with a string field {text_key!r}")
+            texts.append(record[text_key])
+    if not texts:
+        raise ValueError(f"documents: {path} has no records")
+    return texts
+
+
+def _tokenizer(config: VizLmConfig) -> Any:
+    from ponente.datacache import load_tokenizer
+    from ponente.trainer.data import resolve_url
+
+    if config.tokenizer is not None:
+        return load_tokenizer(resolve_url(config.tokenizer))
+    if config.hf_checkpoint is not None and (Path(config.hf_checkpoint) / "tokenizer.json").is_file():
+        return load_tokenizer(config.hf_checkpoint)
+    return config.data.the_tokenizer
+
+
+def _load_model(config: VizLmConfig) -> Any:
+    if config.hf_checkpoint is not None:
+        from ponente.models.hf import load_pretrained
+
+        return load_pretrained(config.hf_checkpoint)
+    assert config.checkpoint_path is not None  # checked in __post_init__
+    return load_model_from_checkpoint(config.model, config.data.the_vocab_size, config.checkpoint_path)
+
+
+def viz_logprobs(config: VizLmConfig) -> str:
+    """Draw the page as configured; returns where it was written.
+
+    Raises:
+        ValueError: if there are no documents (no validation data, an empty jsonl file).
+    """
+    from ponente.trainer.viz_logprobs import document_logprobs, render_page, write_page
+
+    tokenizer = _tokenizer(config)
+    model = _load_model(config)
+    length = config.max_length or model.config.seq_len
+    rows: list[dict[str, np.ndarray]] = []
+    names: list[str] = []
+    if config.documents is not None:
+        text_key = getattr(config.data, "text_key", "text")
+        for i, text in enumerate(read_documents(config.documents, text_key, config.num_docs)):
+            ids = tokenizer.encode(text).ids[:length]
+            if ids:
+                rows.append({"input_ids": np.asarray(ids, np.int32)})
+                names.append(f"{Path(config.documents).name} record {i}")
+    else:
+        datasets = config.data.validation_sets(length)
+        if not datasets:
+            raise ValueError("data.validation_urls: no validation data to draw (or pass --documents a jsonl file)")
+        for name, dataset in datasets.items():
+            dataset.wait_for_length(config.num_docs)
+            count = min(config.num_docs, len(dataset))
+            rows.extend(dataset[i] for i in range(count))
+            names.extend(f"{name} row {i}" for i in range(count))
+    if not rows:
+        raise ValueError("documents: nothing to draw (every document is empty)")
+    documents = document_logprobs(model, rows, names=names, top_k=config.top_k, batch_size=config.batch_size)
+    source = config.hf_checkpoint or config.checkpoint_path
+    return write_page(render_page(documents, tokenizer, title=f"Token log-probabilities of {source}"), config.output)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, draw the page and print where it went; returns the exit code."""
+    config = parse_command_line(VizLmConfig, argv, prog="ponente-viz-logprobs")
+    print(f"wrote {viz_logprobs(config)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,364 @@
+"""``ponente-serve`` against the official ``openai`` client: a live uvicorn server on localhost, a tiny random Llama.
+
+The reference for every completion is ``Engine.generate`` called directly with the same prompt tokens and settings;
+chat prompts are tokenized independently by ``transformers``' ``apply_chat_template``, and log-probs are checked
+against a full forward pass of the ``transformers`` model.
+"""
+
+import concurrent.futures
+import importlib.resources
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from finetune_support import write_tiny_llama
+
+from ponente.trainer.inference import Engine, GenerationConfig, eos_token_ids, load_model
+from ponente.trainer.serve import ChatTemplate, ServerLimits, ServerThread, create_app
+
+MAX_SEQ_LEN = 128
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+
+
+class GatedEngine:
+    """The real engine, except that ``generate`` waits while ``gate`` is clear and can be made to fail once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.gate = threading.Event()
+        self.gate.set()
+        self.running = threading.Event()
+        self.fail = False
+        self.token_delay_s = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, config, *, on_token=None):
+        self.running.set()
+        try:
+            assert self.gate.wait(60)
+            if self.fail:
+                self.fail = False
+                raise RuntimeError("simulated device failure")
+            if on_token is not None and self.token_delay_s:
+                inner = on_token
+
+                def on_token(*args):  # a slow stream: the client can leave in the middle of it
+                    time.sleep(self.token_delay_s)
+                    inner(*args)
+
+            return self.engine.generate(prompts, config, on_token=on_token)
+        finally:
+            self.running.clear()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+    template = importlib.resources.files("ponente.trainer.assets").joinpath("tiny_chat_template.jinja")
+    (path / "chat_template.jinja").write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(folder):
+    model, tokenizer = load_model(str(folder))
+    engine = GatedEngine(Engine(model, tokenizer, max_batch_size=4, max_seq_len=MAX_SEQ_LEN))
+    stops = eos_token_ids(str(folder))
+    assert stops == (3,)  # write_tiny_llama's </s>
+    app = create_app(
+        engine,
+        tokenizer,
+        limits=ServerLimits(model_name="tiny", max_seq_len=MAX_SEQ_LEN, max_tokens=48, max_prompts=4),
+        chat_template=ChatTemplate.load(tokenizer, folder),
+        stop_token_ids=stops,
+    )
+    with ServerThread(app) as server:
+        yield server, engine, app, tokenizer, stops
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served[0].base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _direct(served, prompt_ids, **settings):
+    """The reference: ``Engine.generate`` on the real engine, bypassing the server."""
+    config = GenerationConfig(stop_token_ids=served[4], **settings)
+    return served[1].engine.generate([prompt_ids], config)[0]
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_completion_equals_the_engine_and_logprobs_equal_transformers(client, served, folder):
+    import torch
+    import transformers
+
+    tokenizer = served[3]
+    prompt = "The quick brown fox"
+    ids = tokenizer.encode(prompt).ids
+    response = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0, logprobs=1)
+    choice = response.choices[0]
+    expected = _direct(served, ids, max_new_tokens=10, logprobs=True)
+    assert choice.text == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert response.usage.prompt_tokens == len(ids)
+    assert response.usage.completion_tokens == len(expected.tokens)
+    got = np.asarray(choice.logprobs.token_logprobs)
+    np.testing.assert_allclose(got, expected.logprobs, atol=1e-6)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    sequence = torch.tensor([ids + expected.tokens])
+    with torch.no_grad():
+        logits = hf(sequence).logits[0].double()
+    reference = torch.log_softmax(logits, -1)[len(ids) - 1 : -1].gather(1, sequence[0, len(ids) :, None])[:, 0]
+    np.testing.assert_allclose(got, reference.numpy(), atol=2e-4)
+    # the greedy tokens are the argmax of the independent forward
+    assert expected.tokens == logits[len(ids) - 1 : -1].argmax(-1).tolist()
+
+
+def test_token_id_prompts_and_several_prompts(client, served):
+    prompts = [[5, 6, 7], [8, 9]]
+    response = client.completions.create(model="tiny", prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.index for c in response.choices] == [0, 1]
+    for ids, choice in zip(prompts, response.choices, strict=True):
+        assert choice.text == _direct(served, ids, max_new_tokens=6).text
+
+
+def test_seeded_sampling_equals_the_engine_whatever_the_batch(client, served):
+    tokenizer = served[3]
+    prompt = "Once upon a time"
+    settings = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 1234}
+    expected = _direct(served, tokenizer.encode(prompt).ids, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        texts = list(pool.map(lambda _: client.completions.create(model="tiny", prompt=prompt, **settings), range(2)))
+    assert [r.choices[0].text for r in texts] == [expected.text] * 2
+
+
+def test_chat_equals_the_engine_on_the_transformers_chat_template(client, served, folder):
+    import transformers
+
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    response = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True
+    )
+    expected = _direct(served, ids, max_new_tokens=8, logprobs=True)
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.text
+    assert response.usage.prompt_tokens == len(ids)
+    np.testing.assert_allclose([t.logprob for t in choice.logprobs.content], expected.logprobs, atol=1e-6)
+
+
+def test_streaming_completion(client, served):
+    tokenizer = served[3]
+    prompt = "Hello there"
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    expected = _direct(served, tokenizer.encode(prompt).ids, max_new_tokens=12)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == expected.text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == expected.finish_reason
+    assert set(finishes[:-1]) == {None}
+    assert chunks[-1].usage.completion_tokens == len(expected.tokens)
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_streaming_chat_with_a_stop_string(client, served):
+    tokenizer = served[3]
+    full = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=16, temperature=0)
+    content = full.choices[0].message.content
+    stop = content[len(content) // 2 : len(content) // 2 + 2]
+    assert stop.strip(), content
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=16, temperature=0, stop=stop, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == content[: content.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert tokenizer is not None
+
+
+def test_sse_wire_format(served):
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 3, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{served[0].base_url}/completions", json=body, timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert all(json.loads(e[6:])["object"] == "text_completion" for e in events[:-1])
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        (lambda c: c.completions.create(model="tiny", prompt="Hi", temperature="hot"), "temperature"),
+        (lambda c: c.completions.create(model="tiny", prompt="Hi", n=2), "n"),
+        (lambda c: c.completions.create(model="tiny", prompt="Hi", max_tokens=10_000), "max_tokens"),
+        (lambda c: c.completions.create(model="tiny", prompt="", max_tokens=4), "prompt"),
+        (lambda c: c.completions.create(model="tiny", prompt=[[10_000_000]]), "prompt"),
+        (lambda c: c.completions.create(model="tiny", prompt="Hi", extra_body={"bogus": 1}), "bogus"),
+        (lambda c: c.chat.completions.create(model="tiny", messages=[{"role": "robot", "content": "x"}]), "messages"),
+        (lambda c: c.chat.completions.create(model="tiny", messages=[{"role": "user"}]), "messages"),
+    ],
+)
+def test_bad_request_is_a_400_json_error(client, call, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        call(client)
+    assert info.value.status_code == 400
+    assert info.value.body["type"] == "invalid_request_error"
+    assert info.value.body["param"] == param
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+def test_over_long_prompt_is_a_400(client, served):
+    prompt = " ".join(["word"] * 300)
+    assert len(served[3].encode(prompt).ids) > MAX_SEQ_LEN
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=4)
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.param == "prompt"
+    fits = " ".join(["word"] * 100)
+    room = MAX_SEQ_LEN - len(served[3].encode(fits).ids)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt=fits, max_tokens=room + 1)
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.param == "max_tokens"
+    assert client.completions.create(model="tiny", prompt=fits, max_tokens=room).usage.completion_tokens <= room
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "status"),
+    [
+        ("/completions", b"{not json", 400),
+        ("/completions", b"\xff\xfe", 400),
+        ("/completions", b"[1, 2]", 400),
+        ("/completions", b"[" * 100_000 + b"]" * 100_000, 400),  # nested too deep for the JSON parser
+        ("/chat/completions", b'{"messages": null}', 400),
+        ("/nowhere", b"{}", 404),
+    ],
+)
+def test_garbage_gets_a_json_error(served, path, content, status):
+    response = httpx.post(f"{served[0].base_url}{path}", content=content, timeout=60)
+    assert response.status_code == status
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="Hi")
+
+
+def test_disconnect_mid_stream_then_the_server_still_answers(client, served):
+    engine = served[1]
+    body = {"model": "tiny", "prompt": "A long story", "max_tokens": 40, "temperature": 0, "stream": True}
+    engine.token_delay_s = 0.05  # 40 tokens take 2 s
+    try:
+        for _ in range(2):
+            with httpx.stream("POST", f"{served[0].base_url}/completions", json=body, timeout=60) as response:
+                first = next(response.iter_lines())
+                assert first.startswith("data: ")
+            assert engine.running.is_set()  # the connection closed in the middle of the generation
+    finally:
+        engine.token_delay_s = 0.0
+    deadline = time.monotonic() + 60
+    while served[2].state.scheduler.pending or engine.running.is_set():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    tokenizer = served[3]
+    response = client.completions.create(model="tiny", prompt="Hello there", max_tokens=5, temperature=0)
+    assert response.choices[0].text == _direct(served, tokenizer.encode("Hello there").ids, max_new_tokens=5).text
+
+
+def test_concurrent_requests_are_batched(client, served):
+    engine, scheduler, tokenizer = served[1], served[2].state.scheduler, served[3]
+    prompts = ["one", "two two", "three three three", "four"]
+    before = len(scheduler.batch_sizes)
+    engine.gate.clear()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            first = pool.submit(
+                client.completions.create, model="tiny", prompt=prompts[0], max_tokens=6, temperature=0
+            )
+            assert engine.running.wait(60)
+            rest = [
+                pool.submit(client.completions.create, model="tiny", prompt=p, max_tokens=6, temperature=0)
+                for p in prompts[1:]
+            ]
+            deadline = time.monotonic() + 60
+            while scheduler.pending < len(rest):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            engine.gate.set()
+            responses = [first.result(), *(f.result() for f in rest)]
+    finally:
+        engine.gate.set()
+    assert list(scheduler.batch_sizes)[before:] == [1, 3]
+    for prompt, response in zip(prompts, responses, strict=True):
+        assert response.choices[0].text == _direct(served, tokenizer.encode(prompt).ids, max_new_tokens=6).text
+
+
+def test_engine_failure_is_a_500_and_the_server_carries_on(client, served):
+    served[1].fail = True
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model="tiny", prompt="Hi", max_tokens=3)
+    assert "simulated device failure" in info.value.body["message"]
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=3).choices[0].finish_reason == "length"
+
+
+def test_api_key(served):
+    engine, tokenizer = served[1], served[3]
+    app = create_app(
+        engine, tokenizer, limits=ServerLimits(model_name="tiny", max_seq_len=MAX_SEQ_LEN), api_key="s3cret"
+    )
+    with ServerThread(app) as server:
+        wrong = openai.OpenAI(base_url=server.base_url, api_key="guess", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as info:
+            wrong.models.list()
+        assert info.value.status_code == 401
+        assert info.value.body["code"] == "invalid_api_key"
+        assert httpx.post(f"{server.base_url}/completions", json={"prompt": "Hi"}).status_code == 401
+        right = openai.OpenAI(base_url=server.base_url, api_key="s3cret", max_retries=0)
+        assert right.completions.create(model="tiny", prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+@pytest.mark.integration
+def test_entry_point_builds_the_app_from_a_folder(folder):
+    from starlette.testclient import TestClient
+
+    from ponente.trainer.main.serve import ServeConfig, build_app, main
+
+    with pytest.raises(SystemExit):
+        main(["--port", "8000"])  # no model: a configuration error, not a traceback
+    app = build_app(ServeConfig(hf_checkpoint=str(folder), max_tokens=8))
+    assert app.state.limits.max_seq_len == 128  # the model's max_position_embeddings
+    with TestClient(app) as http:
+        assert http.get("/v1/models").json()["data"][0]["id"] == folder.name
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        response = http.post("/v1/chat/completions", json=chat)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["role"] == "assistant"
+        assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 9}).status_code == 400
