@@ -11,9 +11,10 @@ attended to, and the token that later takes their position overwrites them first
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 import ponente.namedtensor as hax
@@ -28,13 +29,16 @@ CACHE_POSITION = "cache_position"
 class KvCache(eqx.Module):
     """The keys and values of the tokens decoded so far, one slot per position (an Equinox pytree).
 
-    For a model, both arrays are ``(layers, batch, kv_heads, cache_position, head_size)``; inside a layer (the scan
-    over layers slices the cache) they lack ``layers``. Keys are stored after the rotary embedding (and QK-norm), as
-    attention reads them.
+    For a model, both arrays are ``(layers, batch, kv_heads, cache_position, head_size)``. Inside a layer, a model
+    either passes that layer's slice (no ``layers`` axis) or a view of the stacked cache with :attr:`layer` set
+    (:meth:`at_layer`): then :meth:`update` scatters into the stacked arrays, which XLA does in place in the loop over
+    layers, instead of copying each layer's slice in and out. Keys are stored after the rotary embedding (and
+    QK-norm), as attention reads them.
 
     Attributes:
         keys: the keys, with a ``cache_position`` axis.
         values: the values, same axes as ``keys``.
+        layer: for a view of one layer of a stacked cache (:meth:`at_layer`), that layer's index; else None.
 
     Example:
         >>> import jax.numpy as jnp, ponente.namedtensor as hax
@@ -48,6 +52,9 @@ class KvCache(eqx.Module):
 
     keys: NamedArray
     values: NamedArray
+    layer: jax.Array | None = None
+    """None: a cache of one layer (or the whole model's); an integer: a view of this layer of a stacked cache, which
+    :meth:`update` writes into in place (no per-layer copy of the cache) and attention reads layer ``layer`` of."""
 
     @staticmethod
     def init(
@@ -107,7 +114,23 @@ class KvCache(eqx.Module):
         """
         if not pos_ids.has_axis("position"):
             raise ValueError(f"KvCache.update: pos_ids needs a 'position' axis, got axes {pos_ids.axis_names}")
-        return KvCache(_write(self.keys, key, pos_ids), _write(self.values, value, pos_ids))
+        return KvCache(
+            _write(self.keys, key, pos_ids, self.layer), _write(self.values, value, pos_ids, self.layer), self.layer
+        )
+
+    def at_layer(self, layer: jax.Array | int | None) -> KvCache:
+        """A view of layer ``layer`` of this stacked cache (None: the whole cache again, as :meth:`update` sees it)."""
+        return KvCache(self.keys, self.values, None if layer is None else jnp.asarray(layer, jnp.int32))
+
+    @property
+    def layer_keys(self) -> NamedArray:
+        """The keys of this layer (``keys`` itself, or its ``layers`` slice ``layer`` for a view)."""
+        return self.keys if self.layer is None else self.keys["layers", self.layer]
+
+    @property
+    def layer_values(self) -> NamedArray:
+        """The values of this layer (see :attr:`layer_keys`)."""
+        return self.values if self.layer is None else self.values["layers", self.layer]
 
     def attention_mask(self, pos_ids: NamedArray, window: int | None = None) -> NamedArray:
         """Which slots each query may attend to: ``slot <= p`` (and ``slot > p - window``) for a query at ``p``.
@@ -126,21 +149,42 @@ class KvCache(eqx.Module):
         return allowed
 
 
-def _write(cache: NamedArray, new: NamedArray, pos_ids: NamedArray) -> NamedArray:
-    """``cache`` with ``new[b, i]`` written at slot ``pos_ids[b, i]`` (a scatter per batch row; overflow dropped)."""
-    CachePos = cache.resolve_axis(CACHE_POSITION)
+def _write(cache: NamedArray, new: NamedArray, pos_ids: NamedArray, layer: jax.Array | None = None) -> NamedArray:
+    """``cache`` with ``new[b, i]`` written at slot ``pos_ids[b, i]`` (a scatter per batch row; overflow dropped).
+
+    With ``layer``, ``cache`` is stacked over ``layers`` and the write goes to that layer.
+
+    The scatter indexes the cache in its own axis order (integer indices on the batch axes and ``cache_position``,
+    full slices elsewhere), so the cache is never transposed and XLA can write a donated buffer in place.
+    """
     Pos = new.resolve_axis("position")
     batch = tuple(ax for ax in cache.axes if pos_ids.has_axis(ax.name))
-    inner = tuple(ax for ax in cache.axes if ax.name != CACHE_POSITION and not pos_ids.has_axis(ax.name))
-    c = cache.rearrange((*batch, CachePos, *inner)).array
-    n = new.rearrange((*batch, Pos, *inner)).array.astype(cache.dtype)
+    indexed = {CACHE_POSITION, *(ax.name for ax in batch), *(["layers"] if layer is not None else [])}
+    index_dims = [i for i, ax in enumerate(cache.axes) if ax.name in indexed]
+    sliced = tuple(ax for i, ax in enumerate(cache.axes) if i not in index_dims)
     p = pos_ids.rearrange((*batch, Pos)).array.astype(jnp.int32)
-    rows = math.prod(ax.size for ax in batch)
-    c2 = c.reshape(rows, CachePos.size, *c.shape[len(batch) + 1 :])
-    n2 = n.reshape(rows, Pos.size, *n.shape[len(batch) + 1 :])
-    p2 = p.reshape(rows, Pos.size)
-    c2 = c2.at[jnp.arange(rows)[:, None], p2].set(n2, mode="drop")
-    return NamedArray(c2.reshape(c.shape), (*batch, CachePos, *inner)).rearrange(cache.axes)
+    index_shape = p.shape
+    index: list[Any] = []
+    b = 0
+    for ax in cache.axes:
+        if ax.name == CACHE_POSITION:
+            index.append(p)
+        elif layer is not None and ax.name == "layers":
+            index.append(layer)
+        elif pos_ids.has_axis(ax.name):
+            shape = [1] * len(index_shape)
+            shape[b] = ax.size
+            index.append(jnp.arange(ax.size, dtype=jnp.int32).reshape(shape))
+            b += 1
+        else:
+            index.append(slice(None))
+    # NumPy's rule: adjacent integer indices put their broadcast shape in place, separated ones put it first
+    if index_dims == list(range(index_dims[0], index_dims[0] + len(index_dims))):
+        order = (*cache.axes[: index_dims[0]], *batch, Pos, *cache.axes[index_dims[-1] + 1 :])
+    else:
+        order = (*batch, Pos, *sliced)
+    n = new.rearrange(order).array.astype(cache.dtype)
+    return NamedArray(cache.array.at[tuple(index)].set(n, mode="drop"), cache.axes)
 
 
 def cached_attention(
@@ -183,10 +227,12 @@ def cached_attention(
     """
     CachePos = cache.CachePos
     scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
-    scores = hax.dot(query, cache.keys, axis=HeadSize.name, preferred_element_type=jnp.float32)
+    keys = cache.layer_keys
+    scores = hax.dot(query, keys, axis=HeadSize.name, preferred_element_type=jnp.float32)
     scores = scores.astype(jnp.float32) * scale
     if logit_soft_cap is not None:
         scores = logit_soft_cap * hax.tanh(scores / logit_soft_cap)
     scores = hax.where(cache.attention_mask(pos_ids, window), scores, jnp.finfo(jnp.float32).min)
-    weights = hax.nn.softmax(scores, axis=CachePos.name).astype(cache.values.dtype)
-    return hax.dot(weights, cache.values, axis=CachePos.name).rearrange(query.axes)
+    values = cache.layer_values
+    weights = hax.nn.softmax(scores, axis=CachePos.name).astype(values.dtype)
+    return hax.dot(weights, values, axis=CachePos.name).rearrange(query.axes)

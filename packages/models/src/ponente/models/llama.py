@@ -394,11 +394,19 @@ class LlamaLMHeadModel(LmHeadModel):
         del key
         pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
         x = self.transformer.embed_tokens.embed(tokens)
-        x, cache = self.transformer.layers.scan_via(_decode_block)(x, cache, pos_ids, **self._decode_kwargs())
+        # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
+        layer_ids = hax.arange(cache.keys.resolve_axis("layers"))
+        x, cache = self.transformer.layers.fold_via(_decode_layer)(
+            (x, cache.at_layer(0)), layer_ids, pos_ids, **self._decode_kwargs()
+        )
+        cache = cache.at_layer(None)
         return self._logits(self.transformer.norm(x)), cache
 
 
-def _decode_block(block: Any, x: NamedArray, *args: Any, **kwargs: Any) -> tuple[NamedArray, KvCache]:
-    """``block.decode(x, ...)``, the step of the scan over layers in :meth:`LlamaLMHeadModel.decode`."""
-    out: tuple[NamedArray, KvCache] = block.decode(x, *args, **kwargs)
+def _decode_layer(
+    block: Any, carry: tuple[NamedArray, KvCache], layer: NamedArray, *args: Any, **kwargs: Any
+) -> tuple[NamedArray, KvCache]:
+    """``block.decode`` on layer ``layer`` of the stacked cache (the fold step of :meth:`LlamaLMHeadModel.decode`)."""
+    x, cache = carry
+    out: tuple[NamedArray, KvCache] = block.decode(x, cache.at_layer(layer.array), *args, **kwargs)
     return out
