@@ -37,8 +37,9 @@ TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "trainer": ("test", "wandb", "ray"),
 }
 # What mypy and the docs examples need: the packages and the extras the examples import, without the parity
-# stack (torch, transformers), Ray or wandb -- each full-stack venv is ~2.4 GB, and a CI disk is not infinite.
-LEAN_EXTRAS: dict[str, tuple[str, ...]] = {"datacache": ("hf", "chat")}
+# stack (torch, transformers, peft, lm-eval), Ray or wandb -- each full-stack venv is ~2.4 GB, and a CI disk is
+# not infinite. The server's extra is light (fastapi, uvicorn) and its page runs a live server.
+LEAN_EXTRAS: dict[str, tuple[str, ...]] = {"datacache": ("hf", "chat"), "trainer": ("serve",)}
 PYTEST_NO_TESTS_COLLECTED = 5
 
 
@@ -121,7 +122,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over the sources of all four packages (configuration in mypy.ini)."""
     _install_all(session, editable=True, extras=LEAN_EXTRAS)
-    session.install("mypy>=1.13", "types-PyYAML")
+    session.install("mypy>=1.13", "types-PyYAML", "httpx>=0.27")  # httpx: the client of the serve benchmark
     session.run("mypy", *session.posargs)
 
 
@@ -129,7 +130,8 @@ def typecheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build each package's site with --strict, then run every Python example in the docs."""
     _install_all(session, extras=LEAN_EXTRAS)
-    session.install("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27")
+    # openai: the client of the serving page's example
+    session.install("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.27", "openai>=1.40")
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     for package in PACKAGES:
         session.run(
