@@ -157,6 +157,7 @@ def _conversation() -> list[dict[str, str]]:
 
 def test_chat_render_matches_transformers(chat_tokenizer: Tokenizer) -> None:
     import transformers  # the `test` extra installs it: the reference renderer
+
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=chat_tokenizer)
     processor = ChatProcessor(chat_tokenizer, chat_template=CHATML)
     messages = _conversation()
