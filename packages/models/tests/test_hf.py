@@ -167,20 +167,24 @@ def test_hub_id_download_failure_and_success(
     monkeypatch.delenv("HF_HUB_OFFLINE")
     calls: list[tuple[str, str | None]] = []
 
-    def unreachable(repo_id: str, *, revision: str | None = None, allow_patterns: Any = None) -> str:
+    def unreachable(repo_id: str, *, revision: str | None = None, local_files_only: bool = False, **_: Any) -> str:
+        if local_files_only:  # the cache is asked first (and is empty)
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
         calls.append((repo_id, revision))
         raise OSError("connection refused")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
-    with pytest.raises(FileNotFoundError, match=r"could not download 'fake-org/fake' \(revision v1\).*OSError"):
+    with pytest.raises(FileNotFoundError, match=r"'fake-org/fake' \(revision v1\).*could not be downloaded.*OSError"):
         load_pretrained("fake-org/fake", revision="v1")
     assert calls == [("fake-org/fake", "v1")]
 
     hf = tiny_gpt2()
     hf.save_pretrained(tmp_path)
 
-    def local(repo_id: str, *, revision: str | None = None, allow_patterns: Any = None) -> str:
+    def local(repo_id: str, *, allow_patterns: Any = None, local_files_only: bool = False, **_: Any) -> str:
         assert "config.json" in allow_patterns
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", local)

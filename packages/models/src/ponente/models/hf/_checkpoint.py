@@ -1,4 +1,4 @@
-"""``load_pretrained`` / ``save_pretrained``: local Hugging Face checkpoint directories."""
+"""``load_pretrained`` / ``save_pretrained``: Hugging Face checkpoint directories (local, or Hub ids via ``_hub``)."""
 
 from __future__ import annotations
 
@@ -19,20 +19,49 @@ from ponente.namedtensor import Axis
 
 from ..config import LmConfig, config_for_type
 from ..lm import LmHeadModel
+from ._hub import missing_weights_error, resolve_checkpoint
 
 logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
+PICKLE_INDEX_NAME = "pytorch_model.bin.index.json"
 _DTYPE_KEYS = ("dtype", "torch_dtype")  # transformers 5 spelling first, then transformers 4
 
 
-def _config_from_hf(hf_config: Mapping[str, Any], where: Path) -> LmConfig:
+class UnsupportedModelError(KeyError, ValueError):
+    """A ``config.json`` whose ``model_type`` Ponente does not implement (or that has none).
+
+    A ``KeyError`` (an unknown registry key) and a ``ValueError`` (a bad input file); its message is one line.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def hf_config_class(hf_config: Mapping[str, Any], where: Path, key: str = "load_pretrained") -> type[LmConfig]:
+    """The Ponente config class of a ``config.json``, from its ``model_type`` alone.
+
+    Its ``auto_map`` (custom modelling code of the repository) is ignored and never run: a checkpoint with custom
+    code loads only when its ``model_type`` is an architecture Ponente implements.
+
+    Raises:
+        UnsupportedModelError: if ``model_type`` is missing or not a registered architecture.
+    """
     model_type = hf_config.get("model_type")
     if model_type is None:
-        raise KeyError(f"load_pretrained: {where} has no 'model_type' key, so the architecture is unknown")
-    return config_for_type(str(model_type)).from_hf_config(hf_config)
+        raise UnsupportedModelError(f"{key}: {where} has no 'model_type' key, so the architecture is unknown")
+    try:
+        return config_for_type(str(model_type))
+    except KeyError as e:
+        custom = " (its auto_map names custom code, which Ponente never runs)" if "auto_map" in hf_config else ""
+        raise UnsupportedModelError(f"{key}: {where} has model_type {model_type!r}{custom}: {e.args[0]}") from None
+
+
+def _config_from_hf(hf_config: Mapping[str, Any], where: Path, key: str = "load_pretrained") -> LmConfig:
+    return hf_config_class(hf_config, where, key).from_hf_config(hf_config)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -41,23 +70,68 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _read_safetensors(directory: Path) -> dict[str, Any]:
-    from safetensors.flax import load_file  # lazy: only needed for checkpoints; flax loader handles bfloat16
-
-    index = directory / INDEX_NAME
-    single = directory / WEIGHTS_NAME
+def _shard_files(directory: Path, single: str, index_name: str, key: str) -> list[Path] | None:
+    """The weight files of ``directory``: the shards its index lists, or the single file; None if neither."""
+    index = directory / index_name
     if index.is_file():
         weight_map: dict[str, str] = _read_json(index)["weight_map"]
-        state: dict[str, Any] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = directory / shard
+        shards = [directory / shard for shard in sorted(set(weight_map.values()))]
+        for shard_path in shards:
             if not shard_path.is_file():
-                raise FileNotFoundError(f"load_pretrained: shard {shard_path} listed in {index} does not exist")
-            state.update(load_file(os.fspath(shard_path)))
-        return state
-    if single.is_file():
-        return dict(load_file(os.fspath(single)))
-    raise FileNotFoundError(f"load_pretrained: {directory} has neither {WEIGHTS_NAME} nor {INDEX_NAME}")
+                raise FileNotFoundError(f"{key}: shard {shard_path} listed in {index} does not exist")
+        return shards
+    return [directory / single] if (directory / single).is_file() else None
+
+
+def _read_safetensors(directory: Path, key: str = "load_pretrained") -> dict[str, Any]:
+    from safetensors.flax import load_file  # lazy: only needed for checkpoints; flax loader handles bfloat16
+
+    files = _shard_files(directory, WEIGHTS_NAME, INDEX_NAME, key)
+    if files is None:
+        raise missing_weights_error(directory, key)  # names allow_pickle when there are pickle weights
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(os.fspath(file)))
+    return state
+
+
+def _read_pickle(directory: Path, key: str) -> dict[str, Any]:
+    """The tensors of ``pytorch_model.bin`` (or its shards), read by torch with ``weights_only=True``."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            f"{key}: {directory} has only pickle weights (pytorch_model*.bin), which need torch to read: "
+            "pip install 'ponente-models[torch]' (or convert them to safetensors)"
+        ) from None
+    files = _shard_files(directory, PICKLE_WEIGHTS_NAME, PICKLE_INDEX_NAME, key)
+    if files is None:
+        raise FileNotFoundError(f"{key}: {directory} has neither {PICKLE_WEIGHTS_NAME} nor {PICKLE_INDEX_NAME}")
+    state: dict[str, Any] = {}
+    for file in files:
+        # weights_only: the unpickler builds tensors and plain containers only, never arbitrary objects (no code runs)
+        tensors = torch.load(os.fspath(file), map_location="cpu", weights_only=True)
+        if not isinstance(tensors, Mapping):
+            raise ValueError(f"{key}: {file} holds a {type(tensors).__name__}, not a state dict of tensors")
+        for name, tensor in tensors.items():
+            state[str(name)] = _torch_to_jax(tensor)
+    return state
+
+
+def _torch_to_jax(tensor: Any) -> Any:
+    import torch
+
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16: reinterpret the bits
+        return jnp.asarray(tensor.view(torch.int16).numpy().view(jnp.bfloat16))
+    return jnp.asarray(tensor.numpy())
+
+
+def _read_weights(directory: Path, *, allow_pickle: bool, key: str) -> dict[str, Any]:
+    """Safetensors weights; pickle ones only when allowed and there are no safetensors."""
+    if _shard_files(directory, WEIGHTS_NAME, INDEX_NAME, key) is None and allow_pickle:
+        return _read_pickle(directory, key)
+    return _read_safetensors(directory, key)
 
 
 def _resolve_dtype(dtype: Any, hf_config: Mapping[str, Any]) -> Any:
@@ -67,40 +141,6 @@ def _resolve_dtype(dtype: Any, hf_config: Mapping[str, Any]) -> Any:
         if hf_config.get(key):
             return jnp.dtype(str(hf_config[key]).removeprefix("torch."))
     return jnp.dtype(jnp.float32)
-
-
-def _looks_like_repo_id(name: str) -> bool:
-    parts = name.split("/")
-    return 1 <= len(parts) <= 2 and all(parts) and not name.startswith((".", "~")) and "\\" not in name
-
-
-def _download(repo_id: str, revision: str | None) -> Path:
-    """Download the config, safetensors and tokenizer files of a Hub model; clear errors when that cannot work."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise FileNotFoundError(
-            f"load_pretrained: {repo_id!r} is not a local directory and HF_HUB_OFFLINE is set, so it cannot be "
-            "downloaded from the Hugging Face Hub; download it while online (e.g. `huggingface-cli download "
-            f"{repo_id}`) and pass the local directory, or unset HF_HUB_OFFLINE"
-        )
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ImportError(
-            f"load_pretrained: {repo_id!r} is not a local directory; downloading it from the Hugging Face Hub needs "
-            "the `huggingface_hub` package (pip install 'ponente-models[hf]'), or pass a local checkpoint directory"
-        ) from None
-    try:
-        local = snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_PATTERNS)
-    except Exception as e:  # network, authentication, unknown repository: all mean "cannot get it"
-        raise FileNotFoundError(
-            f"load_pretrained: could not download {repo_id!r} (revision {revision or 'main'}) from the Hugging Face "
-            f"Hub: {type(e).__name__}: {e}. Check the repository id, your network and your token (gated models "
-            "need `huggingface-cli login`), or pass a local checkpoint directory"
-        ) from e
-    return Path(local)
-
-
-_HUB_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer*", "*.model", "*.txt"]
 
 
 def _vocab_keys(model: LmHeadModel) -> tuple[str, ...]:
@@ -127,6 +167,8 @@ def load_pretrained(
     revision: str | None = None,
     pad_vocab_to_multiple: int = 1,
     config_overrides: Mapping[str, Any] | None = None,
+    allow_pickle: bool = False,
+    key: str = "load_pretrained",
 ) -> LmHeadModel:
     """Load a Hugging Face causal-LM checkpoint (a local directory or a Hub repository id) into a ponente model.
 
@@ -135,27 +177,37 @@ def load_pretrained(
     ``dtype``) spellings are read. Weights come from ``model.safetensors`` or from the shards listed in
     ``model.safetensors.index.json``.
 
-    A ``path`` that is not a local directory is taken as a Hub id (``"org/name"``) and downloaded with
-    ``huggingface_hub.snapshot_download`` (config, safetensors and tokenizer files only). Offline
-    (``HF_HUB_OFFLINE=1``), without ``huggingface_hub``, or when the download fails, the error names the
-    repository and what to do.
+    A ``path`` that is not a local directory is taken as a Hub id (``"org/name"``, optionally ``"org/name@rev"``)
+    and read from the local Hugging Face cache, or else downloaded (config, safetensors and tokenizer files only;
+    see :func:`resolve_checkpoint`). Offline (``HF_HUB_OFFLINE=1``) with an id that is not cached, without
+    ``huggingface_hub``, or when the download fails, the one-line error names the repository and what to do.
+
+    Only safetensors are read unless ``allow_pickle``: then a checkpoint with only ``pytorch_model*.bin`` is read
+    with ``torch.load(weights_only=True)``. Custom modelling code (``auto_map``) is never run: the architecture
+    comes from ``model_type`` alone.
 
     Args:
         path: a local checkpoint directory or a Hub repository id.
         dtype: parameter dtype (None: the config's ``dtype``/``torch_dtype``, else float32).
-        revision: the Hub revision (branch, tag or commit) to download (None: the default branch).
+        revision: the Hub revision (branch, tag or commit) to use (None: the one after ``@`` in ``path``, else the
+            default branch).
         pad_vocab_to_multiple: pad the vocabulary axis to a multiple of this (padded embedding / output rows are
             zeros and their logits are masked); :func:`save_pretrained` drops the padding again.
         config_overrides: fields of the model config to replace after reading ``config.json`` (e.g.
             ``{"attn_backend": "flash", "gradient_checkpointing": True}``).
+        allow_pickle: read ``pytorch_model*.bin`` weights (with torch, ``weights_only=True``) when the checkpoint
+            has no safetensors.
+        key: the config key (or function) that named ``path``, at the start of error messages.
 
     Returns:
         The model.
 
     Raises:
-        FileNotFoundError: if ``path`` is neither a local directory nor a downloadable Hub id, or files are missing.
-        ImportError: if a Hub id needs ``huggingface_hub`` and it is not installed.
-        KeyError: for an unknown ``model_type`` or a missing parameter.
+        FileNotFoundError: if ``path`` is neither a local directory nor a downloadable Hub id, or files are missing
+            (:class:`HubUnavailableError`, a subclass, for a Hub id not cached and not downloadable).
+        PickleCheckpointError: (a ``ValueError``) if the weights are only pickle files and ``allow_pickle`` is false.
+        ImportError: if a Hub id needs ``huggingface_hub``, or pickle weights need torch, and it is not installed.
+        KeyError: for an unknown ``model_type`` (:class:`UnsupportedModelError`) or a missing parameter.
         ValueError: if a parameter has the wrong shape, or an override names no config field.
 
     Example:
@@ -163,27 +215,20 @@ def load_pretrained(
         model = load_pretrained("checkpoints/llama-tiny", pad_vocab_to_multiple=128)
         ```
     """
-    directory = Path(path)
-    if not directory.is_dir():
-        name = os.fspath(path)
-        if not _looks_like_repo_id(name) or directory.exists():
-            raise FileNotFoundError(
-                f"load_pretrained: {name!r} is not a local directory, nor a Hugging Face Hub id of the form 'org/name'"
-            )
-        directory = _download(name, revision)
+    # a local folder's weights are checked when they are read, after its config.json
+    local = Path(path).is_dir()
+    directory = resolve_checkpoint(path, revision=revision, allow_pickle=allow_pickle, weights=not local, key=key)
     config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"load_pretrained: {config_path} does not exist")
     hf_config = _read_json(config_path)
-    config = _config_from_hf(hf_config, config_path)
+    config = _config_from_hf(hf_config, config_path, key)
     overrides = dict(config_overrides or {})
     overrides["vocab_padding_multiple"] = pad_vocab_to_multiple
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(config)})
     if unknown:
-        raise ValueError(f"load_pretrained: config_overrides {unknown} are not fields of {type(config).__name__}")
+        raise ValueError(f"{key}: config_overrides {unknown} are not fields of {type(config).__name__}")
     config = dataclasses.replace(config, **overrides)
     if "vocab_size" not in hf_config:
-        raise KeyError(f"load_pretrained: {config_path} has no 'vocab_size' key")
+        raise KeyError(f"{key}: {config_path} has no 'vocab_size' key")
     Vocab = Axis("vocab", int(hf_config["vocab_size"]))
     target = _resolve_dtype(dtype, hf_config)
 
@@ -194,7 +239,7 @@ def load_pretrained(
         )
 
     template = eqx.filter_eval_shape(template_fn, jax.random.key(0))
-    state = _read_safetensors(directory)
+    state = _read_weights(directory, allow_pickle=allow_pickle, key=key)
     state = _pad_vocab(state, _vocab_keys(template), Vocab.size, template.Vocab.size)
     logger.info(
         "load_pretrained: %s (%s, %d tensors, dtype %s)", directory, hf_config["model_type"], len(state), target
