@@ -32,7 +32,7 @@ SIBLINGS: dict[str, tuple[str, ...]] = {
 # Extras each package's own tests need besides `test` (e.g. the Ray backend of the cache builder).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {
     "namedtensor": ("test",),
-    "datacache": ("test", "ray", "hf", "chat"),
+    "datacache": ("test", "ray", "hf", "chat", "audio"),
     "models": ("test", "torch"),
     "trainer": ("test", "wandb", "ray"),
 }

@@ -1,8 +1,11 @@
 """Decode throughput of the generation engine: vs ``transformers`` ``generate`` and vs the no-cache sampler.
 
-One random Llama (``PONENTE_BENCH_DECODE_SIZE``: ``small`` = hidden 256, 4 layers, 8 heads / 4 KV heads, vocab
-4096, 512 positions; ``tiny`` = hidden 64, 2 layers) is written with ``transformers``' ``save_pretrained`` and
-loaded into Ponente with ``ponente.models.hf.load_pretrained``, so both sides run the same weights in float32.
+One random model per architecture of ``PONENTE_BENCH_DECODE_ARCHS`` (comma-separated, default ``llama``; also
+``gemma2``: local/global layers with a 256-token window, attention and final soft caps; ``gpt2``: learned positions;
+``PONENTE_BENCH_DECODE_SIZE``: ``small`` = hidden 256, 4 layers, 8 heads / 4 KV heads (GPT-2: 8 heads), vocab 4096,
+512 positions; ``tiny`` = hidden 64, 2 layers) is written with ``transformers``' ``save_pretrained`` and loaded into
+Ponente with ``ponente.models.hf.load_pretrained``, so both sides run the same weights in float32. Records of
+other architectures than Llama carry the architecture as a name prefix (``gemma2-engine-vs-sample-tokens``).
 
 - ``engine-vs-transformers``: batch 8, prompts of 16 random tokens, greedy, 128 new tokens (no stop token):
   ``Engine.generate`` vs ``transformers`` ``generate(do_sample=False, min_new_tokens=128)`` with its KV cache;
@@ -39,27 +42,45 @@ POSITIONS = 512
 NEW_TOKENS = 128
 
 
-def _hf_model(size: str) -> Any:
+def _hf_model(size: str, arch: str = "llama") -> Any:
     import torch
     import transformers
 
     s = SIZES[size]
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=s["hidden_size"],
-        intermediate_size=s["intermediate_size"],
-        num_hidden_layers=s["num_hidden_layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv"],
-        max_position_embeddings=POSITIONS,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
+    common: dict[str, Any] = {"vocab_size": VOCAB, "bos_token_id": None, "eos_token_id": None, "pad_token_id": 0}
+    if arch == "gpt2":
+        config: Any = transformers.GPT2Config(
+            n_embd=s["hidden_size"],
+            n_layer=s["num_hidden_layers"],
+            n_head=s["heads"],
+            n_positions=POSITIONS,
+            **common,
+        )
+        cls: Any = transformers.GPT2LMHeadModel
+    else:
+        sizes: dict[str, Any] = {
+            "hidden_size": s["hidden_size"],
+            "intermediate_size": s["intermediate_size"],
+            "num_hidden_layers": s["num_hidden_layers"],
+            "num_attention_heads": s["heads"],
+            "num_key_value_heads": s["kv"],
+            "max_position_embeddings": POSITIONS,
+        }
+        if arch == "gemma2":
+            head_dim = s["hidden_size"] // s["heads"]
+            config = transformers.Gemma2Config(
+                head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=POSITIONS // 2, **sizes, **common
+            )
+            cls = transformers.Gemma2ForCausalLM
+        elif arch == "llama":
+            config = transformers.LlamaConfig(**sizes, **common)
+            cls = transformers.LlamaForCausalLM
+        else:
+            raise ValueError(f"PONENTE_BENCH_DECODE_ARCHS: unknown architecture {arch!r} (llama, gemma2, gpt2)")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10.0)  # decisive logits: greedy outputs comparable across implementations
+    model = cls(config)
+    with torch.no_grad():  # decisive logits: greedy outputs comparable across implementations
+        model.get_output_embeddings().weight.mul_(10.0)
     return model.eval()
 
 
@@ -75,20 +96,27 @@ def _alternating_medians(fns: dict[str, Callable[[], Any]], repeat: int) -> dict
 
 def run(rec: Recorder) -> None:
     """Measure decode tokens/s of the engine, of ``transformers`` and of the no-cache sampler."""
+    size = os.environ.get("PONENTE_BENCH_DECODE_SIZE", "small")
+    repeat = int(os.environ.get("PONENTE_BENCH_REPEAT", "3"))
+    for arch in os.environ.get("PONENTE_BENCH_DECODE_ARCHS", "llama").split(","):
+        _run_arch(rec, arch.strip(), size, repeat)
+
+
+def _run_arch(rec: Recorder, arch: str, size: str, repeat: int) -> None:
+    """Both measurements for one architecture."""
     import torch
 
     from ponente.models.hf import load_pretrained
     from ponente.trainer.inference import Engine, GenerationConfig
     from ponente.trainer.sample import sample_tokens
 
-    size = os.environ.get("PONENTE_BENCH_DECODE_SIZE", "small")
-    repeat = int(os.environ.get("PONENTE_BENCH_REPEAT", "3"))
-    hf = _hf_model(size)
+    prefix = "" if arch == "llama" else f"{arch}-"
+    hf = _hf_model(size, arch)
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
         model = load_pretrained(folder)
     rng = np.random.RandomState(0)
-    extra = {"size": size, "backend": jax.default_backend(), "torch_threads": torch.get_num_threads()}
+    extra = {"size": size, "arch": arch, "backend": jax.default_backend(), "torch_threads": torch.get_num_threads()}
 
     # batch 8, short prompts, 128 greedy tokens: the engine vs transformers' generate (both with a KV cache)
     prompts = rng.randint(1, VOCAB, size=(8, 16))
@@ -117,9 +145,9 @@ def run(rec: Recorder) -> None:
     medians = _alternating_medians({"engine": engine_batch, "transformers": hf_batch}, repeat)
     tokens = prompts.shape[0] * NEW_TOKENS
     for name, seconds in medians.items():
-        rec.record(f"batch8-{name}", "tokens_per_s", tokens / seconds, "tokens/s", **extra)
+        rec.record(f"{prefix}batch8-{name}", "tokens_per_s", tokens / seconds, "tokens/s", **extra)
     rec.record(
-        "engine-vs-transformers",
+        f"{prefix}engine-vs-transformers",
         "ratio",
         medians["transformers"] / medians["engine"],
         "x",
@@ -143,9 +171,9 @@ def run(rec: Recorder) -> None:
     no_cache()
     medians = _alternating_medians({"engine": engine_one, "sample_tokens": no_cache}, repeat)
     for name, seconds in medians.items():
-        rec.record(f"context512-{name}", "tokens_per_s", NEW_TOKENS / seconds, "tokens/s", **extra)
+        rec.record(f"{prefix}context512-{name}", "tokens_per_s", NEW_TOKENS / seconds, "tokens/s", **extra)
     rec.record(
-        "engine-vs-sample-tokens",
+        f"{prefix}engine-vs-sample-tokens",
         "ratio",
         medians["sample_tokens"] / medians["engine"],
         "x",

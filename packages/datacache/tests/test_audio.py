@@ -122,3 +122,41 @@ def test_corrupt_and_missing_audio_are_named(tmp_path) -> None:
         decode_audio(b"\x00" * 64, name="clip-7")
     with pytest.raises(FileNotFoundError, match=r"nothere\.flac"):
         decode_audio(tmp_path / "nothere.flac")
+
+
+@pytest.mark.parametrize("rate", [8_000, 22_050, 44_100])
+def test_resample_matches_fourier_resampling_of_a_periodic_signal(rate: int) -> None:
+    """A band-limited periodic clip: scipy's FFT resampling is exact for it, so the polyphase filter must agree."""
+    signal = pytest.importorskip("scipy.signal")
+    seconds = 1.0  # whole cycles of every tone below, so the clip is periodic
+    t = np.arange(int(rate * seconds)) / rate
+    tones = [(110, 0.3), (440, 0.2), (1_000, 0.1), (3_000, 0.05)]
+    x = sum(a * np.sin(2 * np.pi * f * t) for f, a in tones)
+    ours = resample(x, rate)
+    reference = signal.resample(x, int(16_000 * seconds))
+    assert ours.dtype == np.float32
+    assert ours.shape == reference.shape
+    inner = slice(400, -400)  # the polyphase filter's edges see zeros, the FFT method wraps around
+    np.testing.assert_allclose(ours[inner], reference[inner], rtol=0, atol=2e-3)
+    # each tone peaks at its frequency (1 Hz bins over one second) with its amplitude (Hann gain: N / 4)
+    spectrum = np.abs(np.fft.rfft(ours * np.hanning(ours.size)))
+    for f, a in tones:
+        assert int(np.argmax(spectrum[f - 20 : f + 21])) == 20
+        assert spectrum[f] == pytest.approx(a * ours.size / 4, rel=0.01)
+
+
+def test_resample_removes_what_16k_cannot_hold() -> None:
+    """A 10 kHz tone at 44.1 kHz is above the 8 kHz Nyquist limit of 16 kHz audio: it must not alias to 6 kHz."""
+    pytest.importorskip("scipy")
+    t = np.arange(44_100) / 44_100
+    kept, dropped = np.sin(2 * np.pi * 1_000 * t), np.sin(2 * np.pi * 10_000 * t)
+    x = 0.5 * kept + 0.5 * dropped
+
+    def level_at_6k(out: np.ndarray) -> float:  # relative to the 1 kHz tone
+        spectrum = np.abs(np.fft.rfft(out[1_000:-1_000] * np.hanning(out.size - 2_000)))
+        freqs = np.fft.rfftfreq(out.size - 2_000, 1 / 16_000)
+        return float(spectrum[np.argmin(np.abs(freqs - 6_000))] / spectrum[np.argmin(np.abs(freqs - 1_000))])
+
+    assert level_at_6k(resample(x, 44_100)) < 1e-2  # attenuated by more than 40 dB
+    naive = np.interp(np.arange(16_000) / 16_000, t, x)  # no anti-aliasing filter: the alias is loud
+    assert level_at_6k(naive) > 0.3

@@ -3,6 +3,7 @@ greedy decoding through the cache equals transformers' ``generate``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -98,18 +99,22 @@ def _decode(
     return model.decode(tokens, cache, pos_ids)
 
 
-def _cached_logits(model: LmHeadModel, rows: np.ndarray, lengths: tuple[int, ...], max_len: int) -> list[np.ndarray]:
+def _cached_logits(
+    model: LmHeadModel, rows: np.ndarray, lengths: tuple[int, ...], max_len: int, *, prefill: bool = True
+) -> list[np.ndarray]:
     """Per row, the logits of positions ``0 .. TOTAL - 1``: a right-padded prefill, then one token per step.
 
     ``rows`` holds every row's whole sequence; prompts are its first ``lengths[b]`` tokens, the rest is fed back one
-    token per step (teacher forcing), each row at its own position.
+    token per step (teacher forcing), each row at its own position. ``prefill``: mark the cache for the prefill
+    (``KvCache.for_prefill``, as the engine does), else the prompt attends over the cache's slots like any step.
     """
     width = max(lengths)
     prompt = rows[:, :width].copy()
     for b, n in enumerate(lengths):
         prompt[b, n:] = 1 + b  # padding tokens (garbage the cache must never show)
-    cache = model.init_cache(Batch, max_len)
+    cache = model.init_cache(Batch, max_len).for_prefill(prefill)
     logits, cache = _decode(model, _named(prompt), cache, _named(np.tile(np.arange(width), (len(lengths), 1))))
+    assert not cache.prefill  # decode returns the cache ready for one-token steps
     out = [[np.asarray(logits.array[b, i]) for i in range(n)] for b, n in enumerate(lengths)]
     lengths_now = np.array(lengths)
     while lengths_now.min() < TOTAL:
@@ -131,6 +136,67 @@ def test_prefill_and_decode_equal_the_full_forward(name: str) -> None:
     cached = _cached_logits(model, rows, PROMPT_LENGTHS, max_len=16)
     for b in range(Batch.size):
         np.testing.assert_allclose(cached[b], full[b], atol=TOL, rtol=0, err_msg=f"{name}, row {b}")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gemma3", "llama", "qwen-sliding"])
+def test_unmarked_prefill_attends_over_the_slots_like_the_forward(name: str) -> None:
+    model = _build(name)
+    rows = np.random.RandomState(5).randint(3, VOCAB.size, size=(Batch.size, TOTAL))
+    full = np.asarray(_full(model, _named(rows)).array)
+    cached = _cached_logits(model, rows, PROMPT_LENGTHS, max_len=16, prefill=False)
+    for b in range(Batch.size):
+        np.testing.assert_allclose(cached[b], full[b], atol=TOL, rtol=0, err_msg=f"{name}, row {b}")
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gpt2", "mistral"])
+def test_prefill_through_the_flash_backend_equals_the_full_forward(name: str) -> None:
+    # the prefill attends with the forward's backend: blockwise flash here (tiles of 2, windows, local/global layers)
+    config = dataclasses.replace(CONFIGS[name](), attn_backend="flash", flash_attention_block_size=2)
+    model = config.build(VOCAB, key=jax.random.key(0))
+    rows = np.random.RandomState(6).randint(3, VOCAB.size, size=(Batch.size, TOTAL))
+    full = np.asarray(_full(_build(name), _named(rows)).array)  # the reference backend's forward
+    cached = _cached_logits(model, rows, PROMPT_LENGTHS, max_len=16)
+    for b in range(Batch.size):
+        np.testing.assert_allclose(cached[b], full[b], atol=TOL, rtol=0, err_msg=f"{name}, row {b}")
+
+
+def test_marked_prefill_reads_only_the_slots_it_writes() -> None:
+    # NaN in every slot: attending over the slots (even masked ones, as weight 0 * NaN) poisons the logits; the
+    # marked prefill attends over the keys it has just written and never reads the others
+    model = _build("llama")
+    rows = np.random.RandomState(7).randint(3, VOCAB.size, size=(Batch.size, 6))
+    empty = model.init_cache(Batch, 16)
+    poisoned = KvCache(empty.keys, hax.full_like(empty.values, jnp.nan))
+    pos = _named(np.tile(np.arange(6), (Batch.size, 1)))
+    marked, cache = _decode(model, _named(rows), poisoned.for_prefill(), pos)
+    np.testing.assert_allclose(
+        np.asarray(marked.array), np.asarray(_full(model, _named(rows)).array), atol=TOL, rtol=0
+    )
+    assert np.isnan(np.asarray(cache.values.array[:, :, :, 6:])).all()  # the other slots were left alone
+    unmarked, _ = _decode(model, _named(rows), poisoned, pos)
+    assert np.isnan(np.asarray(unmarked.array)[..., : VOCAB.size]).all()  # (padded vocabulary entries are masked)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt2", "mixtral"])
+def test_logits_at_gives_each_rows_chosen_position(name: str) -> None:
+    model = _build(name)
+    rows = np.random.RandomState(8).randint(3, VOCAB.size, size=(Batch.size, 6))
+    pos = _named(np.tile(np.arange(6), (Batch.size, 1)))
+    cache = model.init_cache(Batch, 8).for_prefill()
+    at = hax.named(jnp.array([5, 2]), "batch")
+    chosen, chosen_cache = eqx.filter_jit(lambda m, c: m.decode(_named(rows), c, pos, logits_at=at))(model, cache)
+    every, every_cache = _decode(model, _named(rows), cache, pos)
+    assert chosen.axis_names == ("batch", "vocab")
+    np.testing.assert_allclose(np.asarray(chosen.array), np.asarray(every.array)[[0, 1], [5, 2]], atol=TOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(chosen_cache.keys.array), np.asarray(every_cache.keys.array))
+
+
+def test_prefill_longer_than_the_cache_is_refused() -> None:
+    model = _build("llama")
+    with pytest.raises(ValueError, match="decode_attention: a prefill of 6 tokens does not fit 4 cache slots"):
+        _decode(
+            model, _named(np.ones((Batch.size, 6))), model.init_cache(Batch, 4).for_prefill(), _named(np.ones((2, 6)))
+        )
 
 
 def test_unrolled_layers_decode_like_stacked() -> None:

@@ -4,8 +4,10 @@ import gzip
 import importlib.resources
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
 """The shipped Shakespeare byte-level BPE tokenizer (4096 entries)."""
@@ -24,6 +26,21 @@ def tiny_corpus(directory: Path) -> tuple[str, str]:
         path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
         paths.append(str(path))
     return paths[0], paths[1]
+
+
+def write_config(directory: Path, overrides: list[str]) -> Path:
+    """The dotted ``key=value`` overrides as one nested YAML file ``directory/config.yaml`` (values parsed as YAML)."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(nested))
+    return path
 
 
 def tiny_overrides(tmp_path: Path, train: str, validation: str, steps: int) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from finetune_support import write_tiny_llama
 
 import ponente.namedtensor as hax
-from ponente.models import LlamaConfig
+from ponente.models import LlamaConfig, LlamaLMHeadModel
 from ponente.trainer.inference import (
     Engine,
     GenerationConfig,
@@ -237,3 +237,57 @@ def test_errors_name_the_prompt_or_key(model: Any) -> None:
     ):
         with pytest.raises(ValueError, match=key):
             GenerationConfig(**kwargs)
+
+
+REAL_VOCAB = 90  # the model's vocabulary axis has 97 entries: 90..96 play the padding beyond the tokenizer's ids
+
+
+class LoudPadding(LlamaLMHeadModel):
+    """A Llama whose ids ``>= REAL_VOCAB`` get huge logits (a padded vocabulary the model itself does not mask)."""
+
+    def decode(self, tokens: Any, cache: Any, pos_ids: Any, **kwargs: Any) -> Any:
+        logits, cache = super().decode(tokens, cache, pos_ids, **kwargs)
+        loud = hax.named(jnp.where(jnp.arange(self.Vocab.size) >= REAL_VOCAB, 1e4, 0.0), self.Vocab)
+        return logits + loud, cache
+
+
+class FakeTokenizer:
+    def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
+        return {f"t{i}": i for i in range(REAL_VOCAB)}
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 3}, {"temperature": 2.0, "top_k": 20}])
+def test_padded_vocabulary_ids_are_never_sampled(model: Any, sampling: dict[str, Any]) -> None:
+    loud = LoudPadding(transformer=model.transformer, lm_head=model.lm_head, config=model.config, vocab_size=None)
+    config = GenerationConfig(max_new_tokens=6, logprobs=True, **sampling)
+    unmasked = Engine(loud, max_batch_size=4).generate(PROMPTS, config)
+    assert all(t >= REAL_VOCAB for c in unmasked for t in c.tokens)  # without the mask, padding wins every draw
+    masked = Engine(loud, max_batch_size=4, vocab_size=REAL_VOCAB).generate(PROMPTS, config)
+    assert all(t < REAL_VOCAB for c in masked for t in c.tokens)
+    if not sampling:  # greedy: the best real id, with its probability among the real ids
+        for prompt, completion in zip(PROMPTS, masked, strict=True):
+            logits = full_forward_logits(model, prompt)[-1][:REAL_VOCAB]
+            assert completion.tokens[0] == int(np.argmax(logits))
+            expected = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+            assert completion.logprobs is not None
+            np.testing.assert_allclose(completion.logprobs[0], expected[completion.tokens[0]], atol=1e-4)
+
+
+def test_the_tokenizer_bounds_the_sampled_ids(model: Any) -> None:
+    assert Engine(model, FakeTokenizer()).vocab_size == REAL_VOCAB
+    assert Engine(model).vocab_size == 97
+    assert Engine(model, FakeTokenizer(), vocab_size=95).vocab_size == 95
+    with pytest.raises(ValueError, match=r"vocab_size: must be in \[1, 97\]"):
+        Engine(model, vocab_size=98)
+    with pytest.raises(ValueError, match="steps_per_call: must be >= 1"):
+        Engine(model, steps_per_call=0)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_steps_per_call_does_not_change_the_completions(model: Any, steps_per_call: int) -> None:
+    config = GenerationConfig(max_new_tokens=7, temperature=0.8, seed=11, logprobs=True)
+    reference = Engine(model, max_batch_size=4).generate(PROMPTS, config)
+    done = Engine(model, max_batch_size=4, steps_per_call=steps_per_call).generate(PROMPTS, config)
+    assert [c.tokens for c in done] == [c.tokens for c in reference]
+    for a, b in zip(done, reference, strict=True):
+        np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-import yaml
+from conftest import write_config
 
 import ponente.namedtensor as hax
 from ponente.trainer.checkpoint import (
@@ -51,21 +51,6 @@ def _overrides(make: Any, directory: Path) -> list[str]:
         f"trainer.checkpointer.keep=[{{every: {EVERY}}}]",
         "trainer.progress_bar=false",
     ]
-
-
-def _write_config(directory: Path, overrides: list[str]) -> Path:
-    """The dotted overrides as one nested YAML file."""
-    nested: dict[str, Any] = {}
-    for item in overrides:
-        key, _, value = item.partition("=")
-        *parents, leaf = key.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
-    path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(nested))
-    return path
 
 
 class _Run:
@@ -167,7 +152,7 @@ def reference(tiny_lm_shared: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     """One uninterrupted run of ``STEPS`` steps (also builds the shared token cache)."""
     directory = tmp_path_factory.mktemp("reference")
     overrides = _overrides(tiny_lm_shared, directory)
-    _write_config(directory, overrides)
+    write_config(directory, overrides)
     run = _Run(directory, 0)
     assert run.finish() == 0, run.stderr()[-3000:]
     ref = _Reference(directory, overrides)
@@ -202,7 +187,7 @@ def test_kill_9_twice_once_during_an_async_save_resumes_bitwise(
     reference: _Reference, tiny_lm_shared: Any, tmp_path: Path
 ) -> None:
     overrides = _overrides(tiny_lm_shared, tmp_path)
-    _write_config(tmp_path, overrides)
+    write_config(tmp_path, overrides)
     rng = random.Random(9)
 
     # 1. kill -9 at a random step after the first checkpoint
@@ -241,11 +226,11 @@ def test_kill_9_twice_once_during_an_async_save_resumes_bitwise(
 
 
 @pytest.mark.integration
-def test_sigterm_checkpoints_exits_75_and_resumes_bitwise(
+def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(
     reference: _Reference, tiny_lm_shared: Any, tmp_path: Path
 ) -> None:
     overrides = _overrides(tiny_lm_shared, tmp_path)
-    _write_config(tmp_path, overrides)
+    write_config(tmp_path, overrides)
     stop_at = random.Random(15).randint(2, STEPS - 2)
     first = _Run(tmp_path, 1)
     first.wait_until(lambda: _last_step(tmp_path) >= stop_at, f"step {stop_at}")

@@ -390,7 +390,10 @@ def test_print_result_prints_what_the_run_wrote_and_returns_the_exit_code(capsys
         "    or not\n"
     )
     assert err == ""
-    assert run.print_result(_result(stopped="SIGTERM", sample=None)) == 75 == run.PREEMPTED_EXIT_CODE
+    assert run.print_result(_result(stopped="SIGTERM", sample=None)) == 0 == run.PREEMPTED_EXIT_CODE
     out, err = capsys.readouterr()
     assert "sample" not in out
     assert err == "stopped early: SIGTERM\n"
+    assert run.print_result(_result(stopped="SIGTERM", exit_code=75)) == 75  # trainer.preemption_exit_code: 75
+    assert run.print_result(_result(stopped=f"{run.NONFINITE_STOP}: step 4: non-finite loss=nan")) == 1
+    assert "error: stopped: non-finite loss: step 4" in capsys.readouterr().err

@@ -351,8 +351,7 @@ def test_entry_point_builds_the_app_from_a_folder(folder):
 
     from ponente.trainer.main.serve import ServeConfig, build_app, main
 
-    with pytest.raises(SystemExit):
-        main(["--port", "8000"])  # no model: a configuration error, not a traceback
+    assert main(["--port", "8000"]) == 2  # no model: a configuration error (exit 2), not a traceback
     app = build_app(ServeConfig(hf_checkpoint=str(folder), max_tokens=8))
     assert app.state.limits.max_seq_len == 128  # the model's max_position_embeddings
     with TestClient(app) as http:

@@ -5,15 +5,21 @@ This package never imports JAX: everything it returns is NumPy.
 
 __version__ = "0.1.0"
 
+from ponente.datacache._hub import hub_file
+from ponente.datacache.asr import AsrExampleDataset, AudioTranscriptProcessor
 from ponente.datacache.builder import build_cache
 from ponente.datacache.errors import (
     BadRecordError,
+    CacheCorruptError,
     CacheNotFoundError,
     DataCacheError,
     FingerprintMismatchError,
     MissingExtraError,
+    PonenteConfigError,
+    PonenteUserError,
 )
 from ponente.datacache.hf_source import HFSource
+from ponente.datacache.lease import LeaseLostError
 from ponente.datacache.ledger import Ledger, ShardProgress
 from ponente.datacache.processor import BatchProcessor, PassthroughProcessor, TokenizerProcessor, load_tokenizer
 from ponente.datacache.sft import ChatProcessor, SupervisedProcessor
@@ -22,9 +28,12 @@ from ponente.datacache.store import CacheDataset, open_cache
 from ponente.datacache.verify import verify_cache
 
 __all__ = [
+    "AsrExampleDataset",
+    "AudioTranscriptProcessor",
     "BadInput",
     "BadRecordError",
     "BatchProcessor",
+    "CacheCorruptError",
     "CacheDataset",
     "CacheNotFoundError",
     "ChatProcessor",
@@ -32,15 +41,19 @@ __all__ = [
     "FileSource",
     "FingerprintMismatchError",
     "HFSource",
+    "LeaseLostError",
     "Ledger",
     "MissingExtraError",
     "PassthroughProcessor",
+    "PonenteConfigError",
+    "PonenteUserError",
     "ShardProgress",
     "Source",
     "SupervisedProcessor",
     "TokenizerProcessor",
     "build_cache",
     "expand_inputs",
+    "hub_file",
     "load_tokenizer",
     "open_cache",
     "verify_cache",

@@ -3,9 +3,10 @@
 The features are those Whisper was trained on: 30-second windows of 16 kHz audio (shorter clips zero-padded,
 longer ones cut), a 400-sample periodic-Hann STFT every 160 samples (so 100 frames per second, 3000 per
 window), the power spectrum projected on 80 or 128 Slaney-normalised mel filters between 0 and 8 kHz, then
-``log10``, floored at 8 below the clip's maximum and mapped by ``(x + 4) / 4``. The transform runs in float64
-and equals the NumPy path of ``transformers.WhisperFeatureExtractor`` to float32 rounding (~1e-7); that
-extractor's torch path computes in float32 and strays up to ~5e-5 in quiet frequency bands.
+``log10``, floored at 8 below the clip's maximum and mapped by ``(x + 4) / 4``. The STFT runs in float64, the
+mel projection and the log in float32; the features equal the NumPy path of ``transformers.WhisperFeatureExtractor``
+to float32 rounding (~1e-7). That extractor's torch path computes its STFT in float32 and strays up to ~5e-5 in
+quiet frequency bands. Shorter windows (``n_samples``) suit small models trained on short clips.
 
 Decoding (WAV, FLAC, OGG through ``soundfile``) and resampling (``scipy.signal.resample_poly``) need the
 ``audio`` extra: ``pip install "ponente-datacache[audio]"``.
@@ -99,8 +100,8 @@ def _rfft() -> Callable[..., np.ndarray]:
         import scipy.fft
 
         return functools.partial(scipy.fft.rfft, workers=-1)
-    except ImportError:  # NumPy's FFT: the same numbers, a few times slower
-        return np.fft.rfft
+    except ImportError:  # NumPy's FFT: the same numbers (it cannot overwrite its input)
+        return lambda x, axis, overwrite_x: np.fft.rfft(x, axis=axis)
 
 
 @functools.lru_cache(maxsize=4)
@@ -120,6 +121,15 @@ def log_mel_spectrogram(audio: np.ndarray, *, n_mels: int = 80, n_samples: int |
 
     Returns:
         float32 ``[n_mels, frames]`` (or ``[batch, n_mels, frames]``), ``frames = n_samples // 160``.
+
+    Example:
+        ```python
+        import numpy as np
+        from ponente.datacache.audio import log_mel_spectrogram
+
+        tone = np.sin(2 * np.pi * 440 * np.arange(16_000) / 16_000).astype(np.float32)
+        log_mel_spectrogram(tone).shape  # (80, 3000): one second of sound, zero-padded to 30 s
+        ```
     """
     x = np.asarray(audio, dtype=np.float32)
     if x.ndim not in (1, 2):
@@ -133,20 +143,38 @@ def log_mel_spectrogram(audio: np.ndarray, *, n_mels: int = 80, n_samples: int |
             x = np.pad(x, ((0, 0), (0, n_samples - x.shape[1])))
     if x.shape[1] <= N_FFT // 2:
         raise ValueError(f"audio: a clip needs more than {N_FFT // 2} samples, found {x.shape[1]}")
-    rfft = _rfft()
-    window = _window(N_FFT)
-    filters_t = np.ascontiguousarray(mel_filters(n_mels).T)  # [mels, bins]
-    out = np.empty((x.shape[0], n_mels, x.shape[1] // HOP_LENGTH), dtype=np.float32)
-    for i, clip in enumerate(x):  # one clip at a time: its frames stay in cache
-        padded = np.pad(clip.astype(np.float64), N_FFT // 2, mode="reflect")  # centred frames
-        # every HOP_LENGTH samples a window of N_FFT; Whisper drops the last frame (100 frames per second exactly)
-        frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH][:-1]
-        spectrum = rfft(frames * window, axis=-1)  # float64: float32 FFTs lose the quiet bins (~5e-5 error)
-        power = spectrum.real**2 + spectrum.imag**2  # [frames, bins]
-        log = np.log10(np.maximum(filters_t @ power.T, 1e-10))  # [mels, frames]
+    n_frames = x.shape[1] // HOP_LENGTH
+    filters = _mel_filters_f32(n_mels)
+    out = np.empty((x.shape[0], n_mels, n_frames), dtype=np.float32)
+    for i, clip in enumerate(x):  # one clip at a time: its buffers stay small, and a row never depends on the batch
+        log = _log_mel(clip, filters, n_frames)  # [frames, mels]
         np.maximum(log, log.max() - 8.0, out=log)
-        out[i] = (log + 4.0) / 4.0
+        log += 4.0
+        log /= 4.0
+        out[i] = log.T
     return out[0] if single else out
+
+
+def _log_mel(clip: np.ndarray, filters: np.ndarray, n_frames: int) -> np.ndarray:
+    """``log10`` of one clip's mel power, float32 ``[frames, mels]`` (frames-major, as the product gives it).
+
+    The STFT runs in float64: a float32 FFT's rounding (relative to the loudest bin) swamps the quiet bins that
+    the log keeps (~5e-5 off after the log). The power is then rounded to float32, which costs only its own
+    relative 6e-8, and projected on the mel filters in float32 (a sum of non-negative terms: nothing cancels).
+    """
+    padded = np.pad(clip.astype(np.float64), N_FFT // 2, mode="reflect")  # centred frames
+    # every HOP_LENGTH samples a window of N_FFT; Whisper drops the last frame (100 frames per second exactly)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH][:n_frames]
+    spectrum = _rfft()(frames * _window(N_FFT), axis=-1, overwrite_x=True).astype(np.complex64)
+    parts = spectrum.view(np.float32)  # re, im, re, im, ...
+    mel = (np.square(parts[:, 0::2]) + np.square(parts[:, 1::2])) @ filters
+    np.maximum(mel, 1e-10, out=mel)
+    return np.log10(mel, out=mel)
+
+
+@functools.lru_cache(maxsize=4)
+def _mel_filters_f32(n_mels: int) -> np.ndarray:
+    return np.ascontiguousarray(mel_filters(n_mels), dtype=np.float32)
 
 
 def resample(audio: np.ndarray, orig_rate: int, target_rate: int = SAMPLE_RATE) -> np.ndarray:

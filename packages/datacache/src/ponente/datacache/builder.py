@@ -5,6 +5,11 @@ committed strictly in order by this process, which alone writes to the store: ar
 ledger (the commit pointer). So the bytes of the cache depend only on the inputs and the processor, a
 reader sees every row as soon as it is committed, and a build killed at any instant resumes from its last
 committed batch (finished shards are never redone, no row is lost or repeated).
+
+Several processes (or hosts) asked to build the same cache agree on one builder through the builder lease
+(:mod:`ponente.datacache.lease`): the holder builds or resumes; the others wait, reading the cache as it
+grows, and return it once it is finished, unless the holder dies, in which case one of them takes the lease
+over once it expired and resumes from the last commit.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +26,11 @@ import numpy as np
 
 from ponente.datacache.backends import BACKENDS, Processed, make_backend, map_ordered
 from ponente.datacache.errors import BAD_RECORD_KINDS, EMPTY, BadRecordError, FingerprintMismatchError
+from ponente.datacache.lease import DEFAULT_LEASE_SECONDS, LEASE_KEY, BuilderLease
 from ponente.datacache.ledger import FORMAT_VERSION, MAX_SKIP_EXAMPLES, Ledger, describe_differences, fingerprint
 from ponente.datacache.processor import BatchProcessor, TokenizerProcessor
 from ponente.datacache.source import BadInput, FileSource, Source
+from ponente.datacache.storage import check_access
 from ponente.datacache.store import CacheDataset, StoreWriter, open_cache, read_ledger
 
 if TYPE_CHECKING:
@@ -157,8 +164,16 @@ def build_cache(
     batch_rows: int = 1024,
     batch_bytes: int = 4 << 20,
     commit_interval: float = 0.5,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    lease_heartbeat: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> CacheDataset:
     """Build (or resume, or just open when finished) the cache of ``inputs`` at ``output``.
+
+    One process at a time builds a given ``output``: the one holding its builder lease. Another process
+    calling this meanwhile waits (the cache can be read, with :func:`~ponente.datacache.open_cache`, while it
+    grows) and returns the cache once the holder finished it; if the holder dies, the waiter takes the lease
+    over after it expired (``lease_seconds``) and resumes the build from the last commit.
 
     Args:
         inputs: Paths, globs or fsspec URLs with brace expansion (jsonl, json, txt, parquet; gz, zst, bz2, xz),
@@ -176,7 +191,9 @@ def build_cache(
         bad_records: ``"error"`` stops at the first bad record naming file and line (the cache stays
             resumable); ``"skip"`` skips bad records and counts them per kind in the ledger.
         keep_empty: Keep empty documents as (short) rows instead of skipping and counting them.
-        rebuild: Delete whatever is at ``output`` and build from scratch.
+        rebuild: Delete whatever is at ``output`` and build from scratch. A process that finds another one
+            holding the builder lease does not delete its work: it waits, and rebuilds only if the cache there
+            is not of this request.
         txt_mode: For txt files: ``"file"`` (one document per file) or ``"line"`` (one per line).
         format: Force the input format (``jsonl``, ``json``, ``txt``, ``parquet``) instead of the extension's.
         progress: Show a progress bar (rows/s, tokens/s, MB/s) on stderr.
@@ -184,6 +201,13 @@ def build_cache(
         batch_bytes: Most input bytes per batch.
         commit_interval: Seconds between ledger commits: written batches become visible to readers at the
             next commit (and at the end of the build). ``0`` commits after every batch.
+        lease_seconds: How long the builder lease lasts without renewal: the longest time a builder that
+            died keeps the others waiting.
+        lease_heartbeat: Seconds between renewals of the lease (default ``lease_seconds / 4``; less than
+            ``lease_seconds / 2``). Waiting processes look at the lease and the ledger as often (at most 1 s).
+        should_stop: Called between batches; when it returns True the build commits what it wrote and raises
+            :class:`BuildStopped` (the cache stays resumable). For a process that must exit while a build runs
+            in a background thread.
 
     Returns:
         The finished cache, opened for reading.
@@ -192,8 +216,11 @@ def build_cache(
         FingerprintMismatchError: If ``output`` holds a cache of other inputs/processor/options (the message
             lists what differs) and ``rebuild`` is false.
         BadRecordError: On bad input under ``bad_records="error"``; rows before it are committed.
+        LeaseLostError: If this process stopped renewing its lease long enough for another to take the build
+            over (that process continues it; nothing more is committed here).
         ValueError: On invalid options.
         KeyboardInterrupt: On Ctrl-C, after stopping the workers; the cache stays resumable.
+        BuildStopped: When ``should_stop()`` returned True; the cache stays resumable.
 
     Examples:
         >>> cache = build_cache("corpus/*.jsonl.gz", "/data/cache", tokenizer="tokenizer.json")  # doctest: +SKIP
@@ -220,30 +247,110 @@ def build_cache(
         "processor": chosen.config(),
         "keep_empty": keep_empty,
     }
-    fields = dict(chosen.fields)
 
-    existing = None
-    try:
-        existing = read_ledger(output)
-    except ValueError:
-        if not rebuild:
-            raise
-    if existing is not None and not rebuild and existing.fingerprint != fingerprint(parts):
+    check_access(output)  # an object store that refuses us fails here, in one line, not in the lease loop
+    lease = BuilderLease(output, seconds=lease_seconds, heartbeat=lease_heartbeat)
+    waited_for: str | None = None
+    while True:
+        if rebuild and waited_for is not None and _ledger_fingerprint(output) == fingerprint(parts):
+            rebuild = False  # the builder we waited for has just built what we asked for
+        existing = _existing_ledger(output, parts, rebuild)
+        if existing is not None and existing.finished:
+            logger.info("cache at %s is finished (%d rows)", output, existing.rows)
+            return open_cache(output)
+        if lease.try_acquire():
+            break
+        if should_stop is not None and should_stop():
+            raise BuildStopped(f"the build of the cache at {output} was asked to stop while waiting for the lease")
+        holder = lease.other.holder if lease.other is not None else "another process"
+        if holder != waited_for:
+            logger.info("the cache at %s is being built by %s: waiting for it to finish", output, holder)
+            waited_for = holder
+        time.sleep(min(lease.heartbeat, 1.0))
+    with lease:
+        existing = _existing_ledger(output, parts, rebuild)  # again: it may have changed before we got the lease
+        if existing is not None and existing.finished:
+            logger.info("cache at %s is finished (%d rows)", output, existing.rows)
+            return open_cache(output)
+        _build(
+            output,
+            source,
+            chosen,
+            existing or Ledger.new(parts, dict(chosen.fields), list(source.shard_names)),
+            lease,
+            create=existing is None,
+            bad_records=bad_records,
+            keep_empty=keep_empty,
+            backend=backend,
+            workers=workers,
+            progress=progress,
+            batch_rows=batch_rows,
+            batch_bytes=batch_bytes,
+            commit_interval=commit_interval,
+            should_stop=should_stop,
+        )
+    return open_cache(output)
+
+
+class BuildStopped(Exception):  # noqa: N818 -- an outcome the caller asked for, not an error
+    """A build ended early because its ``should_stop`` said so; what it wrote is committed and resumable."""
+
+
+def _ledger_fingerprint(output: str) -> str | None:
+    with contextlib.suppress(ValueError):
+        ledger = read_ledger(output)
+        return None if ledger is None else ledger.fingerprint
+    return None
+
+
+def _existing_ledger(output: str, parts: dict[str, Any], rebuild: bool) -> Ledger | None:
+    """The ledger at ``output`` to resume from: ``None`` to build from scratch.
+
+    Raises:
+        FingerprintMismatchError: If it describes a cache of something else and ``rebuild`` is false.
+        ValueError: If it is damaged and ``rebuild`` is false.
+    """
+    if rebuild:
+        return None
+    existing = read_ledger(output)
+    if existing is not None and existing.fingerprint != fingerprint(parts):
         differences = describe_differences(existing.fingerprint_parts, parts) or ["fingerprint hash"]
         raise FingerprintMismatchError(
             f"the cache at {output!r} was built from something else; what differs: {'; '.join(differences)}. "
             "Pass rebuild=True (--rebuild) to delete it and build again, or choose another output."
         )
-    if rebuild:
-        existing = None
-    if existing is not None and existing.finished:
-        logger.info("cache at %s is already finished (%d rows)", output, existing.rows)
-        return open_cache(output)
+    return existing
 
-    writer = StoreWriter(output, fields, create=existing is None)
-    ledger = existing or Ledger.new(parts, fields, list(source.shard_names))
-    if existing is None:
+
+def _build(
+    output: str,
+    source: Source,
+    chosen: BatchProcessor,
+    ledger: Ledger,
+    lease: BuilderLease,
+    *,
+    create: bool,
+    bad_records: str,
+    keep_empty: bool,
+    backend: str,
+    workers: int | None,
+    progress: bool,
+    batch_rows: int,
+    batch_bytes: int,
+    commit_interval: float,
+    should_stop: Callable[[], bool] | None = None,
+) -> None:
+    """Build from scratch (``create``: a new ``ledger``) or resume from ``ledger``, holding ``lease``."""
+    fields = dict(chosen.fields)
+    lease.check()
+    writer = StoreWriter(output, fields, create=create, keep=LEASE_KEY)
+
+    def commit() -> None:
+        lease.check()  # never commit once another builder may have taken over
         writer.commit(ledger)
+
+    if create:
+        commit()
     else:
         logger.info("resuming the cache at %s from row %d", output, ledger.rows)
     worker_count = (os.cpu_count() or 1) if workers is None else workers
@@ -267,6 +374,9 @@ def build_cache(
     consistent = True
     try:
         for batch, result in map_ordered(pool, batches, lambda b: b.records, empty):
+            if should_stop is not None and should_stop():
+                raise BuildStopped(f"the build of the cache at {output} stopped at row {ledger.rows}, as asked")
+            lease.check()
             writer.append(ledger.rows, ledger.lengths, result)
             consistent = False  # the ledger is being updated for this batch
             rows = len(result[first_field][1])
@@ -284,17 +394,17 @@ def build_cache(
             ledger.skip_examples.extend(batch.examples[: max(0, room)])
             consistent = True
             if time.monotonic() - last_commit >= commit_interval:
-                writer.commit(ledger)
+                commit()
                 last_commit = time.monotonic()
             done = batch.shard + 1 if batch.shard_done else batch.shard
             bar.update(rows, len(result[first_field][0]), batch.nbytes, done)
         ledger.finished = True
-        writer.commit(ledger)
+        commit()
     except BaseException:
         pool.close(abort=True)
         if consistent:  # it describes only data already written: commit it to keep the work done so far
             with contextlib.suppress(Exception):
-                writer.commit(ledger)
+                commit()
         raise
     finally:
         bar.close()
@@ -307,4 +417,3 @@ def build_cache(
             ledger.skip_examples[:3],
         )
     logger.info("cache %s finished: %d rows, %s", output, ledger.rows, ledger.lengths)
-    return open_cache(output)

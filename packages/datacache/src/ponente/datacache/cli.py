@@ -6,6 +6,9 @@
                         [--bad-records error|skip] INPUT...
     ponente-cache info DIR
     ponente-cache verify DIR
+
+Every subcommand accepts ``--debug`` (or ``PONENTE_DEBUG=1``): print the traceback of an error. Without it an
+error is one line ``error: <message>`` on stderr; the exit status is 1 (2 for a usage error, 130 for Ctrl-C).
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
+import os
 from collections.abc import Sequence
 
 from ponente.datacache.backends import BACKENDS
 from ponente.datacache.builder import BAD_RECORD_POLICIES, build_cache
-from ponente.datacache.errors import DataCacheError
-from ponente.datacache.source import FORMATS
+from ponente.datacache.errors import run_cli
+from ponente.datacache.source import FORMATS, expand_inputs
 from ponente.datacache.store import open_cache
 from ponente.datacache.verify import verify_cache
 
@@ -52,7 +55,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_inputs(inputs: list[str]) -> list[str]:
+    """The files of ``inputs`` (globs and braces expanded), each local one checked to exist before any work."""
+    names = expand_inputs(inputs)
+    for name in names:
+        if "://" in name and not name.startswith("file://"):
+            continue  # remote: opened (and reported) by the builder
+        local = name.removeprefix("file://")
+        if not os.path.exists(local):
+            raise FileNotFoundError(f"no such file: {name} (INPUT)")
+        if os.path.isdir(local):
+            raise IsADirectoryError(f"{name} is a folder, not a data file (INPUT); use a glob like {name}/*.jsonl")
+    return names
+
+
 def _build(args: argparse.Namespace) -> int:
+    _check_inputs(args.inputs)
     cache = build_cache(
         args.inputs,
         args.output,
@@ -109,18 +127,20 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``ponente-cache``; return the exit status (0 ok, 1 error or damage, 2 usage, 130 Ctrl-C)."""
+def _run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return {"build": _build, "info": _info, "verify": _verify}[args.command](args)
-    except KeyboardInterrupt:
-        print("interrupted: the cache is left resumable; run the same command again to continue", file=sys.stderr)
-        return 130
-    except (DataCacheError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return {"build": _build, "info": _info, "verify": _verify}[args.command](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ponente-cache``; return the exit status (0 ok, 1 error or damage, 2 usage, 130 Ctrl-C).
+
+    Errors print one line ``error: <message>`` on stderr; ``--debug`` (or ``PONENTE_DEBUG=1``) adds the traceback.
+    """
+    return run_cli(
+        _run, argv, interrupted="interrupted: the cache is left resumable; run the same command again to continue"
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,18 @@ def _datasets() -> Any:
     return datasets
 
 
+def _undecoded_audio(dataset: Any) -> Any:
+    """``Audio`` columns as their encoded ``{"bytes", "path"}``: the audio processor decodes them with soundfile.
+
+    Decoded ``Audio`` values need ``torchcodec`` (``datasets`` >= 4) and would be decoded twice.
+    """
+    datasets = _datasets()
+    for name, feature in (getattr(dataset, "features", None) or {}).items():
+        if isinstance(feature, datasets.Audio) and feature.decode:
+            dataset = dataset.cast_column(name, datasets.Audio(decode=False))
+    return dataset
+
+
 class HFSource:
     """A Hugging Face dataset as a source of records.
 
@@ -30,6 +42,7 @@ class HFSource:
     ``DatasetDict.save_to_disk``, or a hub id loaded with ``datasets.load_dataset`` (needs the network;
     with ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` set it fails at once with a clear message).
     A map-style dataset is cut into shards of ``shard_rows`` rows; a streaming dataset keeps its own shards.
+    ``Audio`` columns are read undecoded (``{"bytes", "path"}``), for `AudioTranscriptProcessor` to decode.
 
     Args:
         path_or_id: Local dataset directory or hub id.
@@ -89,7 +102,7 @@ class HFSource:
                     f"Hugging Face hub (are you offline, or is the id wrong?): {exc}"
                 ) from exc
             self._fingerprint = getattr(loaded, "_fingerprint", None)
-        self._dataset = loaded
+        self._dataset = _undecoded_audio(loaded)
         label = split or "data"
         if isinstance(loaded, datasets.IterableDataset):
             self._shards: dict[str, tuple[int, int]] = {f"{label}#shard{i}": (i, -1) for i in range(loaded.num_shards)}

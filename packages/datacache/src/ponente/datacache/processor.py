@@ -50,18 +50,25 @@ class BatchProcessor(Protocol):
 def load_tokenizer(tokenizer: str | os.PathLike[str]) -> Tokenizer:
     """Load a Hugging Face ``tokenizers`` tokenizer.
 
+    A hub id is resolved offline-first: its ``tokenizer.json`` is read from the local Hugging Face cache
+    (``HF_HUB_CACHE``, else ``HF_HOME/hub``) without touching the network, and downloaded only if it is not
+    cached and ``HF_HUB_OFFLINE`` is not set.
+
     Args:
-        tokenizer: A ``tokenizer.json`` file, a directory containing one, or a Hugging Face hub id
-            (needs the network; with ``HF_HUB_OFFLINE=1`` set, fails at once).
+        tokenizer: A ``tokenizer.json`` file, a directory containing one, or a Hugging Face hub id, optionally
+            pinned to a revision: ``"org/name"``, ``"org/name@v1.0"``, ``"org/name@<commit>"``.
 
     Returns:
         The tokenizer.
 
     Raises:
-        FileNotFoundError: If a local directory has no ``tokenizer.json``.
-        OSError: If a hub id cannot be fetched (offline, unknown id), with a message saying so.
+        FileNotFoundError: If a local directory has no ``tokenizer.json``, a path does not exist, or a hub id is
+            neither cached nor downloadable (offline, unknown id): one line naming the id and, when it is set,
+            ``HF_HUB_OFFLINE``.
     """
     from tokenizers import Tokenizer
+
+    from ponente.datacache._hub import hub_file, split_revision
 
     path = Path(tokenizer)
     if path.is_file():
@@ -74,19 +81,12 @@ def load_tokenizer(tokenizer: str | os.PathLike[str]) -> Tokenizer:
                 "is supported; save it with tokenizer.save_pretrained or Tokenizer.save)"
             )
         return Tokenizer.from_file(str(file))
-    name = str(tokenizer)
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise OSError(
-            f"tokenizer {name!r} is not a local file or directory, and HF_HUB_OFFLINE is set, so it cannot be "
-            "fetched from the Hugging Face hub: pass a local tokenizer.json or directory"
-        )
-    try:
-        return Tokenizer.from_pretrained(name)
-    except Exception as exc:
-        raise OSError(
-            f"tokenizer {name!r} is not a local file or directory and could not be fetched from the Hugging Face "
-            f"hub (are you offline, or is the id wrong?): {exc}"
-        ) from exc
+    name = os.fspath(tokenizer)
+    repo_id, _ = split_revision(name)
+    parts = repo_id.split("/")
+    if path.exists() or not (1 <= len(parts) <= 2 and all(parts)) or name.startswith((".", "~")) or "\\" in name:
+        raise FileNotFoundError(f"tokenizer {name!r}: no such file or directory (nor a hub id 'org/name[@revision]')")
+    return Tokenizer.from_file(str(hub_file(name, "tokenizer.json", what="tokenizer")))
 
 
 def _token_id(tokenizer: Tokenizer, token: str | None, role: str) -> int | None:

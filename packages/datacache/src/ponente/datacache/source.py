@@ -14,14 +14,14 @@ import io
 import json
 import lzma
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol, runtime_checkable
 
-import fsspec
-
 from ponente.datacache._braces import expand_braces
 from ponente.datacache.errors import INVALID_UTF8, MALFORMED_JSON, TRUNCATED_FILE, UNREADABLE_PATH
+from ponente.datacache.storage import filesystem
 
 Record = dict[str, Any]
 """A raw record: a JSON object, a parquet row, or ``{text_key: document}`` for text files."""
@@ -141,7 +141,7 @@ def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
             if local:
                 matches = sorted(p for p in _glob.glob(expanded) if os.path.isfile(p))
             else:
-                fs, path = fsspec.core.url_to_fs(expanded)
+                fs, path = filesystem(expanded)
                 matches = sorted(fs.unstrip_protocol(p) for p in fs.glob(path) if fs.isfile(p))
             if not matches:
                 raise FileNotFoundError(f"input pattern {pattern!r} (expanded to {expanded!r}) matched no file")
@@ -197,7 +197,8 @@ def _zstd_error() -> type[Exception]:
 
 
 def _open_binary(name: str, compression: str | None) -> IO[bytes]:
-    raw: IO[bytes] = fsspec.open(name, "rb").open()
+    fs, path = filesystem(name)  # an object store without its fsspec package: one line naming the extra
+    raw: IO[bytes] = fs.open(path, "rb")
     if compression is None:
         return raw
     if compression == "gzip":
@@ -216,6 +217,16 @@ def _decode(data: bytes, location: str) -> str | BadInput:
         return BadInput(
             INVALID_UTF8, location, f"expected UTF-8 text, found byte {data[exc.start]:#04x} at {exc.start}"
         )
+
+
+def _parse_json(text: str, location: str) -> Any:
+    """``json.loads(text)``, or a :class:`BadInput` for invalid JSON (nesting too deep for Python included)."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        return BadInput(MALFORMED_JSON, location, f"invalid JSON ({exc})")
+    except RecursionError:
+        return BadInput(MALFORMED_JSON, location, "JSON nested too deeply to parse")
 
 
 def _json_record(value: Any, location: str) -> Record | BadInput:
@@ -272,7 +283,7 @@ class FileSource:
         shards = []
         for name in self._names:
             try:
-                fs, path = fsspec.core.url_to_fs(name)
+                fs, path = filesystem(name)
                 size: int | None = int(fs.size(path))
             except (OSError, ValueError):
                 size = None
@@ -310,8 +321,9 @@ class FileSource:
                     yield from self._text_file(name, stream, row)
                 else:
                     yield from self._lines(name, stream, row, jsonl=fmt == "jsonl")
-        except (EOFError, OSError, ValueError, lzma.LZMAError, _zstd_error()) as exc:
-            # Raised mid-stream by the decompressors (truncation, corrupt data) or the file system.
+        except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError, _zstd_error()) as exc:
+            # Raised mid-stream by the decompressors (truncation, corrupt data: gzip raises zlib.error, which is
+            # neither an OSError nor a ValueError) or the file system.
             kind = TRUNCATED_FILE if compression or fmt == "parquet" else UNREADABLE_PATH
             yield -1, BadInput(kind, name, f"reading stopped with {type(exc).__name__}: {exc}"), 0
 
@@ -330,12 +342,8 @@ class FileSource:
             if not text.strip():
                 yield row, BadInput("blank_line", location, "blank line"), len(line)
                 continue
-            try:
-                value = json.loads(text)
-            except ValueError as exc:
-                yield row, BadInput(MALFORMED_JSON, location, f"invalid JSON ({exc})"), len(line)
-                continue
-            yield row, _json_record(value, location), len(line)
+            value = _parse_json(text, location)
+            yield row, value if isinstance(value, BadInput) else _json_record(value, location), len(line)
 
     def _text_file(self, name: str, stream: IO[bytes], start: int) -> Iterator[SourceItem]:
         if start > 0:
@@ -350,10 +358,9 @@ class FileSource:
         if isinstance(text, BadInput):
             yield -1, text, len(data)
             return
-        try:
-            values = json.loads(text)
-        except ValueError as exc:
-            yield -1, BadInput(MALFORMED_JSON, name, f"invalid JSON ({exc})"), len(data)
+        values = _parse_json(text, name)
+        if isinstance(values, BadInput):
+            yield -1, values, len(data)
             return
         if not isinstance(values, list):
             found = type(values).__name__
@@ -373,13 +380,19 @@ class FileSource:
             return
         first = 0
         for group in range(parquet.num_row_groups):
-            count = parquet.metadata.row_group(group).num_rows
-            if first + count <= start:
-                first += count
-                continue
-            table = parquet.read_row_group(group)
-            size = table.nbytes // max(1, count)
-            for offset, record in enumerate(table.to_pylist()):
+            try:
+                count = parquet.metadata.row_group(group).num_rows
+                if first + count <= start:
+                    first += count
+                    continue
+                table = parquet.read_row_group(group)
+                size = table.nbytes // max(1, count)
+                records = table.to_pylist()
+            except Exception as exc:  # damaged pages: ArrowInvalid, ArrowNotImplementedError, ArrowTypeError, ...
+                where = f"{name}, row group {group}"
+                yield -1, BadInput(TRUNCATED_FILE, where, f"reading stopped with {type(exc).__name__}: {exc}"), 0
+                return
+            for offset, record in enumerate(records):
                 if first + offset >= start:
                     yield first + offset, record, size
             first += count

@@ -24,7 +24,7 @@ import numpy as np
 import tensorstore as ts
 
 from ponente.datacache.dataset import Dataset
-from ponente.datacache.errors import CacheNotFoundError
+from ponente.datacache.errors import CacheCorruptError, CacheNotFoundError
 from ponente.datacache.ledger import LEDGER_KEY, Ledger
 
 CAPACITY = 1 << 40
@@ -37,22 +37,18 @@ _CONTEXT = ts.Context()  # shared, so that every open of memory://name in this p
 def kvstore_spec(location: str) -> dict[str, Any]:
     """TensorStore kvstore spec (a directory, with a trailing slash) for a cache location.
 
+    Delegates to :func:`ponente.datacache.storage.kvstore_spec`, which also reads the object-store
+    endpoint and credentials from the environment (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``, ...).
+
     Args:
         location: A local path, ``file://path``, ``memory://name``, ``gs://bucket/path`` or ``s3://bucket/path``.
 
     Raises:
         ValueError: For any other URL scheme.
     """
-    location = str(location)
-    scheme, sep, rest = location.partition("://")
-    if not sep or scheme == "file":
-        return {"driver": "file", "path": os.path.abspath(rest if sep else location).rstrip("/") + "/"}
-    if scheme == "memory":
-        return {"driver": "memory", "path": rest.strip("/") + "/"}
-    if scheme in ("gs", "s3"):
-        bucket, _, path = rest.partition("/")
-        return {"driver": "gcs" if scheme == "gs" else "s3", "bucket": bucket, "path": path.strip("/") + "/"}
-    raise ValueError(f"unsupported cache location {location!r}: use a local path, memory://, gs:// or s3://")
+    from .storage import kvstore_spec as _storage_kvstore_spec
+
+    return _storage_kvstore_spec(location, what="cache location")
 
 
 def _subspec(base: dict[str, Any], key: str) -> dict[str, Any]:
@@ -87,6 +83,39 @@ def _array_spec(base: dict[str, Any], field: str, part: str, dtype: str) -> dict
     }
 
 
+def shard_file(location: str, field: str, part: str, element: int) -> str:
+    """The shard file (one per :data:`SHARD_ELEMENTS` elements) that holds ``element`` of a field's array.
+
+    Args:
+        location: The cache location.
+        field: The field, e.g. ``"input_ids"``.
+        part: ``"data"`` or ``"offsets"``.
+        element: An index into the array.
+    """
+    return f"{location.rstrip('/')}/{field}/{part}/c/{element // SHARD_ELEMENTS}"
+
+
+def _is_damage(exc: ValueError) -> bool:
+    """Whether a TensorStore read error says the stored bytes are damaged (not, say, that a server is down)."""
+    text = str(exc)
+    return text.startswith(("DATA_LOSS", "FAILED_PRECONDITION")) or "Digest mismatch" in text or "decod" in text
+
+
+def _read_checked(array: ts.TensorStore, lo: int, hi: int, location: str, field: str, part: str) -> np.ndarray:
+    """``array[lo:hi]``, a checksum or decoding failure raised as :class:`CacheCorruptError` naming the shard."""
+    try:
+        return np.asarray(array[lo:hi].read().result())
+    except ValueError as exc:
+        if not _is_damage(exc):
+            raise
+        detail = str(exc).splitlines()[0]
+        raise CacheCorruptError(
+            f"cache {location}: field {field!r} ({part}) is damaged in shard file "
+            f"{shard_file(location, field, part, lo)}: {detail}; rebuild the cache (ponente-cache verify "
+            f"{location} checks all of it)"
+        ) from exc
+
+
 def _open_kvstore(location: str) -> ts.KvStore:
     return ts.KvStore.open(kvstore_spec(location), context=_CONTEXT).result()
 
@@ -113,12 +142,20 @@ def remove_stale_locks(location: str) -> None:
 class StoreWriter:
     """Appends rows to the arrays of a cache and commits ledgers. Used by the builder; one writer at a time."""
 
-    def __init__(self, location: str, fields: Mapping[str, str], *, create: bool) -> None:
+    def __init__(self, location: str, fields: Mapping[str, str], *, create: bool, keep: str | None = None) -> None:
+        """Open the arrays of the cache at ``location``; with ``create``, first delete everything there.
+
+        ``keep`` is a key prefix that ``create`` leaves in place (the builder's lease, ``builder.lease``).
+        """
         self.location = location
         base = kvstore_spec(location)
         self._kv = _open_kvstore(location)
         remove_stale_locks(location)
-        if create:
+        if create and keep:
+            after = keep[:-1] + chr(ord(keep[-1]) + 1)  # the first key past every key starting with ``keep``
+            self._kv.delete_range(ts.KvStore.KeyRange(exclusive_max=keep)).result()
+            self._kv.delete_range(ts.KvStore.KeyRange(inclusive_min=after)).result()
+        elif create:
             self._kv.delete_range(ts.KvStore.KeyRange()).result()
         self._arrays: dict[str, tuple[ts.TensorStore, ts.TensorStore]] = {}
         for field, dtype in fields.items():
@@ -269,9 +306,9 @@ class CacheDataset(Dataset[dict[str, np.ndarray]]):
             block = self._blocks.get((field + part, chunk)) if immutable else None
             if block is None:
                 if not immutable:
-                    pieces.append(array[max(start, lo) : min(stop, hi)].read().result())
+                    pieces.append(_read_checked(array, max(start, lo), min(stop, hi), self.location, field, part))
                     continue
-                block = array[lo:hi].read().result()
+                block = _read_checked(array, lo, hi, self.location, field, part)
                 self._blocks.put((field + part, chunk), block)
             pieces.append(block[max(start, lo) - lo : min(stop, hi) - lo])
         return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
@@ -281,6 +318,7 @@ class CacheDataset(Dataset[dict[str, np.ndarray]]):
 
         Raises:
             IndexError: If ``0 <= start <= stop <= num_tokens(field)`` does not hold.
+            CacheCorruptError: If a chunk's checksum does not match (the message names the shard file).
         """
         self._check_field(field)
         ledger = self._ledger
@@ -302,6 +340,7 @@ class CacheDataset(Dataset[dict[str, np.ndarray]]):
 
         Raises:
             IndexError: If ``0 <= start_row <= stop_row <= len(self)`` does not hold.
+            CacheCorruptError: If a chunk's checksum does not match (the message names the shard file).
         """
         self._check_field(field)
         ledger = self._ledger
@@ -319,6 +358,7 @@ class CacheDataset(Dataset[dict[str, np.ndarray]]):
 
         Raises:
             IndexError: If the row is not committed.
+            CacheCorruptError: If the row's bytes are damaged (the message names the shard file).
         """
         rows = self._ledger.rows
         if not -rows <= index < rows:

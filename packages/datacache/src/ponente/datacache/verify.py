@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import tensorstore as ts
 
 from ponente.datacache.ledger import fingerprint
-from ponente.datacache.store import CacheDataset, open_cache
+from ponente.datacache.store import SHARD_ELEMENTS, CacheDataset, _open_kvstore, open_cache, shard_file
 
-_BLOCK = 1 << 22
+_BLOCK = SHARD_ELEMENTS  # one shard file per block read, so a damaged shard is reported once and the rest still read
 
 
 def _check_ledger(cache: CacheDataset) -> list[str]:
@@ -35,11 +36,26 @@ def _check_ledger(cache: CacheDataset) -> list[str]:
     return problems
 
 
+def _missing_shards(cache: CacheDataset, field: str, part: str, elements: int) -> list[str]:
+    """Shard files that should hold committed elements but do not exist (reads would silently give zeros)."""
+    prefix = f"{field}/{part}/c/"
+    listing = _open_kvstore(cache.location).list(ts.KvStore.KeyRange(prefix, prefix[:-1] + "0")).result()
+    keys = {key.decode() for key in listing}
+    return [
+        f"field {field!r}: shard file {shard_file(cache.location, field, part, index * SHARD_ELEMENTS)} is missing"
+        for index in range(-(-elements // SHARD_ELEMENTS))
+        if f"{prefix}{index}" not in keys
+    ]
+
+
 def _check_field(cache: CacheDataset, field: str) -> list[str]:
     ledger = cache.ledger
     rows, length = ledger.rows, ledger.lengths.get(field)
     if length is None:
         return [f"field {field!r}: the ledger has no committed length"]
+    missing = _missing_shards(cache, field, "offsets", rows + 1) + _missing_shards(cache, field, "data", length)
+    if missing:
+        return missing
     previous = 0
     for start in range(0, rows + 1, _BLOCK):
         stop = min(start + _BLOCK, rows + 1)
@@ -56,21 +72,23 @@ def _check_field(cache: CacheDataset, field: str) -> list[str]:
         previous = int(offsets[-1])
     if previous != length:
         return [f"field {field!r}: the last offset is {previous} but the ledger commits {length} elements"]
-    for start in range(0, length, _BLOCK):
+    problems = []
+    for start in range(0, length, _BLOCK):  # every chunk of every shard file is decoded (and its checksum checked)
         stop = min(start + _BLOCK, length)
         try:
             cache.read_flat(start, stop, field)
         except Exception as exc:  # any read failure (checksum, decode, missing file) is damage to report
-            return [f"field {field!r}: data {start}..{stop} unreadable: {exc}"]
-    return []
+            problems.append(f"field {field!r}: data {start}..{stop} unreadable: {exc}")
+    return problems
 
 
 def verify_cache(location: str) -> list[str]:
     """Re-read a whole cache and return the problems found (an empty list: the cache is sound).
 
     Checks the ledger (fingerprint, row and skip totals, shard progress order), that every field's offsets
-    start at 0, never decrease and end at the committed length, and that all committed data decodes (chunks
-    carry crc32c checksums, so damaged bytes are found).
+    start at 0, never decrease and end at the committed length, that every shard file holding committed
+    elements exists, and that all committed data decodes: every chunk is read, and chunks carry crc32c
+    checksums, so a damaged byte is found; the problem names the shard file.
 
     Args:
         location: The cache location.

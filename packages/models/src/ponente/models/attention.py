@@ -10,11 +10,19 @@ from ponente.namedtensor.nn import Linear
 
 from .attention_backends import ATTENTION_BACKENDS, AttentionCall, check_backend_name, resolve_backend
 from .attention_mask import AttentionMask
-from .kv_cache import KvCache, cached_attention
+from .kv_cache import CACHE_POSITION, KvCache, cached_attention
 from .reference_attention import KEY_POSITION, dot_product_attention
 from .rotary import RotaryConfig, apply_rotary
 
-__all__ = ["ATTENTION_BACKENDS", "KEY_POSITION", "Attention", "AttentionMask", "attention", "dot_product_attention"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "KEY_POSITION",
+    "Attention",
+    "AttentionMask",
+    "attention",
+    "decode_attention",
+    "dot_product_attention",
+]
 
 
 def _check_backend(backend: str) -> None:
@@ -234,4 +242,77 @@ class Attention(eqx.Module):
             q = apply_rotary(q, Pos, HeadSize, self.rotary, pos_ids)
             k = apply_rotary(k, Pos, HeadSize, self.rotary, pos_ids)
         cache = cache.update(k, v, pos_ids)
-        return self.o_proj(cached_attention(HeadSize, q, cache, pos_ids, window=window)), cache
+        out = decode_attention(
+            HeadSize, q, cache, pos_ids, window=window, backend=self.backend, block_size=self.block_size
+        )
+        return self.o_proj(out), cache
+
+
+def decode_attention(
+    HeadSize: Axis,
+    query: NamedArray,
+    cache: KvCache,
+    pos_ids: NamedArray,
+    *,
+    window: int | None = None,
+    scaling_factor: float | None = None,
+    logit_soft_cap: float | None = None,
+    backend: str = "auto",
+    block_size: int = 128,
+) -> NamedArray:
+    """The attention of a layer's ``decode``: queries over the cache (already updated with their keys and values).
+
+    One-token steps (and an unmarked cache) attend over the slots (:func:`~ponente.models.kv_cache.cached_attention`).
+    On a prefill (a cache marked by :meth:`~ponente.models.kv_cache.KvCache.for_prefill`) the ``n`` queries attend
+    causally (within ``window``) over the first ``n`` slots alone, the keys they have just written, through
+    :func:`attention` with the forward pass's ``backend`` (``"auto"``: the fastest for the call, e.g. the blockwise
+    ``flash`` kernel on long prompts); ``pos_ids`` must then be ``0 .. n - 1`` on every row.
+
+    Args:
+        HeadSize: the contracted per-head axis.
+        query: ``(batch..., position, heads..., head_size)``.
+        cache: this layer's cache (or a view of it, :meth:`~ponente.models.kv_cache.KvCache.at_layer`).
+        pos_ids: the queries' positions over ``(batch..., position)``.
+        window: how many keys (the query's own included) each query sees; None: all earlier ones.
+        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
+        logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` (Gemma 2).
+        backend: the attention backend of a prefill (the layer's forward backend, see :func:`attention`).
+        block_size: the ``flash`` tile size of a prefill.
+
+    Returns:
+        The attended values with the query's axes.
+
+    Raises:
+        ValueError: on a prefill with more queries than cache slots, or as the backend raises.
+    """
+    if not cache.prefill:
+        return cached_attention(
+            HeadSize,
+            query,
+            cache,
+            pos_ids,
+            window=window,
+            scaling_factor=scaling_factor,
+            logit_soft_cap=logit_soft_cap,
+        )
+    Pos = query.resolve_axis("position")
+    if Pos.size > cache.max_len:
+        raise ValueError(f"decode_attention: a prefill of {Pos.size} tokens does not fit {cache.max_len} cache slots")
+
+    def written(cached: NamedArray) -> NamedArray:
+        return cached[CACHE_POSITION, 0 : Pos.size].rename({CACHE_POSITION: Pos.name})
+
+    keys, values = written(cache.layer_keys), written(cache.layer_values)
+    out = attention(
+        Pos,
+        HeadSize,
+        query,
+        keys,
+        values,
+        AttentionMask.causal(window),
+        scaling_factor=scaling_factor,
+        backend=backend,
+        block_size=block_size,
+        logit_soft_cap=logit_soft_cap,
+    )
+    return out.astype(values.dtype).rearrange(query.axes)

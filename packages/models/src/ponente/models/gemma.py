@@ -18,10 +18,10 @@ from ponente.namedtensor.nn import Embedding, Linear, Stacked
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from ._layer_types import FULL, SLIDING, layer_kinds, select_by_kind, with_sliding_window
-from .attention import Attention, AttentionMask, attention
+from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention_backends import check_soft_cap_backend
 from .config import LmConfig, _require, mask_padded_vocab, register_config
-from .kv_cache import KvCache, cached_attention
+from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 from .rotary import RotaryConfig, apply_rotary
 
@@ -414,7 +414,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         def attend(rope: RotaryConfig, window: int | None) -> tuple[NamedArray, KvCache]:
             qr, kr = apply_rotary(q, Pos, HeadSize, rope, pos_ids), apply_rotary(k, Pos, HeadSize, rope, pos_ids)
             new_cache = cache.update(kr, v, pos_ids)
-            out = cached_attention(
+            out = decode_attention(
                 HeadSize,
                 qr,
                 new_cache,
@@ -422,6 +422,8 @@ class GemmaAttention(ModuleWithStateDictSerialization):
                 window=window,
                 scaling_factor=self.scaling,
                 logit_soft_cap=self.soft_cap,
+                backend=a.backend,
+                block_size=a.block_size,
             )
             return out, new_cache
 
@@ -597,14 +599,26 @@ class GemmaLMHeadModel(LmHeadModel):
         return KvCache.init((config.Layers, Batch, config.KVHeads), config.HeadSize, max_len, dtype=dtype)
 
     def decode(
-        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+        self,
+        tokens: NamedArray,
+        cache: KvCache,
+        pos_ids: NamedArray,
+        *,
+        key: jax.Array | None = None,
+        logits_at: NamedArray | None = None,
     ) -> tuple[NamedArray, KvCache]:
         """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`)."""
         del key
         pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
         kinds = layer_kinds(self.config.layout().layer_types, self.config.Layers)
-        x, cache = self.transformer.layers.scan_via(_decode_block)(self._embed(tokens), cache, pos_ids, sliding=kinds)
-        return self._logits(self.transformer.norm(x)), cache
+        # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
+        layer_ids = hax.arange(cache.keys.resolve_axis("layers"))
+        x, cache = self.transformer.layers.fold_via(_decode_block)(
+            (self._embed(tokens), cache.at_layer(0)), layer_ids, pos_ids, sliding=kinds
+        )
+        return self._logits(self.transformer.norm(take_positions(x, logits_at))), cache.at_layer(None).for_prefill(
+            False
+        )
 
     def blockwise_loss_support(self) -> str | None:
         """Why the blockwise loss cannot compute this model's loss (a final logit soft cap), or None."""
@@ -659,7 +673,13 @@ class GemmaLMHeadModel(LmHeadModel):
 
 
 def _decode_block(
-    block: GemmaDecoderLayer, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, sliding: bool | NamedArray
+    block: GemmaDecoderLayer,
+    carry: tuple[NamedArray, KvCache],
+    layer: NamedArray,
+    pos_ids: NamedArray,
+    *,
+    sliding: bool | NamedArray,
 ) -> tuple[NamedArray, KvCache]:
-    """``block.decode``, the step of the scan over layers in :meth:`GemmaLMHeadModel.decode`."""
-    return block.decode(x, cache, pos_ids, sliding=sliding)
+    """``block.decode`` on layer ``layer`` of the stacked cache (the fold step of :meth:`GemmaLMHeadModel.decode`)."""
+    x, cache = carry
+    return block.decode(x, cache.at_layer(layer.array), pos_ids, sliding=sliding)

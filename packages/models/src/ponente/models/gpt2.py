@@ -15,9 +15,9 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, Stacked
 from ponente.namedtensor.nn import attention as hattn
 
-from .attention import KEY_POSITION, AttentionMask, attention
+from .attention import KEY_POSITION, AttentionMask, attention, decode_attention
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
-from .kv_cache import KvCache, cached_attention
+from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 
 __all__ = ["Gpt2Config", "Gpt2LMHeadModel"]
@@ -235,8 +235,13 @@ class Gpt2Attention(eqx.Module):
         q, k, v = (qkv["qkv", i] for i in range(3))
         q = self._scaled_query(q, layer_idx)
         cache = cache.update(k, v, pos_ids)
-        scale = HeadSize.size**-0.5 if self.config.scale_attn_weights else 1.0
-        return self.c_proj(cached_attention(HeadSize, q, cache, pos_ids, scaling_factor=scale)), cache
+        cfg = self.config
+        scale = HeadSize.size**-0.5 if cfg.scale_attn_weights else 1.0
+        # a prefill attends like the forward pass: upcast attention materializes the scores (in float32)
+        backend = "reference" if cfg.upcast_attn else cfg.attn_backend
+        block = cfg.flash_attention_block_size
+        out = decode_attention(HeadSize, q, cache, pos_ids, scaling_factor=scale, backend=backend, block_size=block)
+        return self.c_proj(out), cache
 
     def _scaled_query(self, q: NamedArray, layer_idx: NamedArray | int) -> NamedArray:
         """``q``, divided by ``layer_idx + 1`` with ``scale_attn_by_inverse_layer_idx``."""
@@ -478,7 +483,13 @@ class Gpt2LMHeadModel(LmHeadModel):
         return KvCache.init((config.Layers, Batch, config.Heads), config.HeadSize, max_len, dtype=dtype)
 
     def decode(
-        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+        self,
+        tokens: NamedArray,
+        cache: KvCache,
+        pos_ids: NamedArray,
+        *,
+        key: jax.Array | None = None,
+        logits_at: NamedArray | None = None,
     ) -> tuple[NamedArray, KvCache]:
         """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`).
 
@@ -488,13 +499,15 @@ class Gpt2LMHeadModel(LmHeadModel):
         pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
         x = self.transformer.wte.embed(tokens) + self.transformer.wpe.embed(pos_ids)
         layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
-        x, cache = self.transformer.h.scan_via(_decode_block)(x, cache, pos_ids, layer_ids)
-        logits = self.transformer.wte.unembed(self.transformer.ln_f(x))
-        return mask_padded_vocab(logits, self.Vocab, self.vocab_size), cache
+        # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
+        x, cache = self.transformer.h.fold_via(_decode_block)((x, cache.at_layer(0)), pos_ids, layer_ids)
+        logits = self.transformer.wte.unembed(self.transformer.ln_f(take_positions(x, logits_at)))
+        return mask_padded_vocab(logits, self.Vocab, self.vocab_size), cache.at_layer(None).for_prefill(False)
 
 
 def _decode_block(
-    block: Gpt2Block, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray
+    block: Gpt2Block, carry: tuple[NamedArray, KvCache], pos_ids: NamedArray, layer_idx: NamedArray
 ) -> tuple[NamedArray, KvCache]:
-    """``block.decode``, the step of the scan over layers in :meth:`Gpt2LMHeadModel.decode`."""
-    return block.decode(x, cache, pos_ids, layer_idx)
+    """``block.decode`` on layer ``layer_idx`` of the stacked cache (the fold step of ``Gpt2LMHeadModel.decode``)."""
+    x, cache = carry
+    return block.decode(x, cache.at_layer(layer_idx.array), pos_ids, layer_idx)

@@ -7,6 +7,12 @@ Slot ``c`` of the ``cache_position`` axis holds the keys and values of the token
 query at position ``p`` attends to slots ``0 .. p`` (``p - window + 1 .. p`` on a sliding-window layer). Slots
 beyond ``p`` may hold stale or garbage entries (e.g. the right padding of a shorter prompt in a batch): they are never
 attended to, and the token that later takes their position overwrites them first.
+
+A prefill (the first call, writing each row's tokens at slots ``0 .. n - 1``) can mark the cache with
+:meth:`KvCache.for_prefill`: the layers' attention (:func:`ponente.models.attention.decode_attention`) then runs
+causally over the ``n`` new keys alone, through the same attention backend as the model's forward pass (e.g. the
+blockwise ``flash`` kernel), instead of over all ``max_len`` slots with materialized scores. The model's ``decode``
+returns the cache unmarked, ready for one-token steps.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import jax.numpy as jnp
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
-__all__ = ["CACHE_POSITION", "KvCache", "cached_attention"]
+__all__ = ["CACHE_POSITION", "KvCache", "cached_attention", "take_positions"]
 
 CACHE_POSITION = "cache_position"
 """The name of the cache's slot axis (one slot per token position, ``0 .. max_len - 1``)."""
@@ -55,6 +61,10 @@ class KvCache(eqx.Module):
     layer: jax.Array | None = None
     """None: a cache of one layer (or the whole model's); an integer: a view of this layer of a stacked cache, which
     :meth:`update` writes into in place (no per-layer copy of the cache) and attention reads layer ``layer`` of."""
+    prefill: bool = eqx.field(static=True, default=False)
+    """True (:meth:`for_prefill`): the call writes each row's first tokens at slots ``0 .. n - 1`` and nothing was
+    cached before, so the layers attend causally over those ``n`` keys with the forward's backend (see
+    :func:`ponente.models.attention.decode_attention`)."""
 
     @staticmethod
     def init(
@@ -115,12 +125,31 @@ class KvCache(eqx.Module):
         if not pos_ids.has_axis("position"):
             raise ValueError(f"KvCache.update: pos_ids needs a 'position' axis, got axes {pos_ids.axis_names}")
         return KvCache(
-            _write(self.keys, key, pos_ids, self.layer), _write(self.values, value, pos_ids, self.layer), self.layer
+            _write(self.keys, key, pos_ids, self.layer),
+            _write(self.values, value, pos_ids, self.layer),
+            self.layer,
+            self.prefill,
         )
 
     def at_layer(self, layer: jax.Array | int | None) -> KvCache:
         """A view of layer ``layer`` of this stacked cache (None: the whole cache again, as :meth:`update` sees it)."""
-        return KvCache(self.keys, self.values, None if layer is None else jnp.asarray(layer, jnp.int32))
+        return KvCache(self.keys, self.values, None if layer is None else jnp.asarray(layer, jnp.int32), self.prefill)
+
+    def for_prefill(self, prefill: bool = True) -> KvCache:
+        """This cache marked for a prefill (or unmarked, with ``prefill=False``).
+
+        A marked cache promises that the next ``decode`` call feeds each row's first ``n`` tokens at positions
+        ``0 .. n - 1`` (right-padded prompts included) and that nothing is cached yet; attention then runs causally
+        over the new keys alone with the layer's forward attention backend (``attention.decode_attention``), which
+        gives the same logits faster than attending over every slot. Models return the cache unmarked.
+
+        Args:
+            prefill: whether to mark it.
+
+        Returns:
+            The same arrays, marked or not.
+        """
+        return KvCache(self.keys, self.values, self.layer, prefill)
 
     @property
     def layer_keys(self) -> NamedArray:
@@ -147,6 +176,33 @@ class KvCache(eqx.Module):
         if window is not None:
             allowed = allowed & (slots > pos_ids - window)
         return allowed
+
+
+def take_positions(x: NamedArray, index: NamedArray | None) -> NamedArray:
+    """``x``'s entry at position ``index[b]`` of each batch row ``b`` (the ``position`` axis dropped), or ``x``.
+
+    Models' ``decode`` use it for ``logits_at``: the output projection then runs on one token per row only.
+
+    Args:
+        x: ``(batch..., position, ...)``.
+        index: integer positions over the batch axes of ``x`` (None: return ``x`` unchanged).
+
+    Returns:
+        ``x`` without its ``position`` axis (or ``x`` itself).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> x = hax.named(jnp.arange(6).reshape(2, 3), ("batch", "position"))
+        >>> take_positions(x, hax.named(jnp.array([2, 0]), "batch")).array.tolist()
+        [2, 3]
+    """
+    if index is None:
+        return x
+    batch = tuple(ax for ax in x.axes if index.has_axis(ax.name))
+    rest = tuple(ax for ax in x.axes if ax.name != "position" and not index.has_axis(ax.name))
+    arr = x.rearrange((*batch, "position", *rest)).array
+    idx = index.rearrange(batch).array.astype(jnp.int32).reshape(*(ax.size for ax in batch), 1, *([1] * len(rest)))
+    return NamedArray(jnp.take_along_axis(arr, idx, axis=len(batch)).squeeze(len(batch)), (*batch, *rest))
 
 
 def _write(cache: NamedArray, new: NamedArray, pos_ids: NamedArray, layer: jax.Array | None = None) -> NamedArray:
@@ -202,6 +258,10 @@ def cached_attention(
     Scores are computed and soft-maxed in float32 (masked slots get float32's most negative value), then cast to the
     values' dtype. Grouped-query attention works by broadcasting: query axes the keys lack (``q_heads_per_group``)
     are kept.
+
+    This always attends over the slots (a prefill too, whatever :attr:`KvCache.prefill` says);
+    :func:`ponente.models.attention.decode_attention`, the layers' entry point, takes a marked prefill through the
+    forward's attention backend instead.
 
     Args:
         HeadSize: the contracted per-head axis.

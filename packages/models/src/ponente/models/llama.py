@@ -16,7 +16,7 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from .attention import Attention, AttentionMask, attention
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
-from .kv_cache import KvCache
+from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 from .rotary import RotaryConfig, apply_rotary
 
@@ -388,7 +388,13 @@ class LlamaLMHeadModel(LmHeadModel):
         return {}
 
     def decode(
-        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+        self,
+        tokens: NamedArray,
+        cache: KvCache,
+        pos_ids: NamedArray,
+        *,
+        key: jax.Array | None = None,
+        logits_at: NamedArray | None = None,
     ) -> tuple[NamedArray, KvCache]:
         """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`)."""
         del key
@@ -399,8 +405,8 @@ class LlamaLMHeadModel(LmHeadModel):
         x, cache = self.transformer.layers.fold_via(_decode_layer)(
             (x, cache.at_layer(0)), layer_ids, pos_ids, **self._decode_kwargs()
         )
-        cache = cache.at_layer(None)
-        return self._logits(self.transformer.norm(x)), cache
+        cache = cache.at_layer(None).for_prefill(False)
+        return self._logits(self.transformer.norm(take_positions(x, logits_at))), cache
 
 
 def _decode_layer(

@@ -113,7 +113,13 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         raise NotImplementedError(f"{type(self).__name__} does not implement init_cache()/decode()")
 
     def decode(
-        self, tokens: NamedArray, cache: KvCache, pos_ids: NamedArray, *, key: jax.Array | None = None
+        self,
+        tokens: NamedArray,
+        cache: KvCache,
+        pos_ids: NamedArray,
+        *,
+        key: jax.Array | None = None,
+        logits_at: NamedArray | None = None,
     ) -> tuple[NamedArray, KvCache]:
         """Logits of ``tokens`` given the cached earlier tokens; also write the tokens' keys and values to the cache.
 
@@ -122,7 +128,8 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         of its row and attends to slots ``<= p`` (and ``> p - window`` on sliding-window layers), so its logits equal
         those of the full forward pass (:meth:`__call__`) at position ``p`` of the whole sequence. Right-padded
         prompts work: padding writes slots past a row's length, which are overwritten before they are attended to.
-        A pure function (no compilation inside; callers ``jit`` it).
+        A pure function (no compilation inside; callers ``jit`` it). A prefill may mark the cache
+        (:meth:`~ponente.models.kv_cache.KvCache.for_prefill`) to attend with the forward's attention backend.
 
         Args:
             tokens: integer ids over ``(batch, position)``, ``position`` of any size ``n >= 1``.
@@ -130,9 +137,12 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
             pos_ids: the position of each token, over ``(batch, position)`` (or ``position`` alone, shared by all
                 rows); positions ``>= max_len`` are not cached.
             key: PRNG key (unused: decoding is deterministic).
+            logits_at: per batch row, the index along ``position`` of the one token whose logits are wanted (e.g.
+                each prompt's last token in a prefill), over the batch axes; None: every token's.
 
         Returns:
-            ``(logits over (batch, position, vocab), the updated cache)``.
+            ``(logits over (batch, position, vocab), the updated cache)``; with ``logits_at``, logits over
+            ``(batch, vocab)``.
 
         Raises:
             NotImplementedError: if the model has no cached decoding.

@@ -17,16 +17,24 @@ With several JAX processes every process writes its own shards; the processes me
 coordination service of ``jax.distributed`` (never a device collective, so background saves cannot
 deadlock with training steps), process 0 commits only after all of them wrote, and a failure on one
 process raises :class:`CheckpointWriteError` on all of them.
+
+Faults: a damaged committed checkpoint (unparseable ``metadata.json``, a missing or truncated file, a chunk
+whose crc32c checksum does not match) raises :class:`CheckpointCorruptError` naming it, and a resume falls back
+to the previous checkpoint (``on_corrupt``); a full disk during a save raises :class:`CheckpointDiskFullError`
+(``disk full while writing checkpoint <path>``) and leaves the partial directory uncommitted.
 """
 
 from ._checkpointer import Checkpointer, CheckpointerConfig, CheckpointInterval
 from ._discovery import CheckpointInfo, cleanup_uncommitted, discover_checkpoints, latest_checkpoint_path
-from ._io import CheckpointError, load_checkpoint, save_checkpoint, sync_processes
+from ._errors import CheckpointCorruptError, CheckpointDiskFullError, CheckpointError
+from ._io import load_checkpoint, save_checkpoint, sync_processes
 from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 from ._sync import CheckpointWriteError
 
 __all__ = [
     "METADATA_FILE",
+    "CheckpointCorruptError",
+    "CheckpointDiskFullError",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointInterval",

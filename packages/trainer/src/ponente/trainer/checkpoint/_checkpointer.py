@@ -8,7 +8,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 
@@ -55,9 +55,13 @@ class CheckpointerConfig:
         keep: *permanent* checkpoints: at steps that are multiples of ``every``, using the first interval
             whose ``until`` is null or >= the step. Intervals with ``until`` come first, in increasing order.
         append_run_id_to_base_path: save under ``<base_path>/<run_id>/`` rather than ``<base_path>/``.
+        on_corrupt: what a resume does when the latest committed checkpoint is damaged (unparseable
+            ``metadata.json``, a missing or truncated file, a checksum mismatch). ``"fallback"``: log which
+            checkpoint is skipped and why, and resume from the newest one that reads; ``"error"``: refuse to
+            start, naming the damaged checkpoint.
 
     Raises:
-        ValueError: if ``keep`` is not ordered as described.
+        ValueError: if ``keep`` is not ordered as described, or ``on_corrupt`` is not one of its values.
 
     Example:
         >>> cfg = CheckpointerConfig(keep=[CheckpointInterval(every=100, until=1000), CheckpointInterval(every=1000)])
@@ -69,8 +73,11 @@ class CheckpointerConfig:
     save_interval: datetime.timedelta = datetime.timedelta(minutes=15)
     keep: list[CheckpointInterval] = dataclasses.field(default_factory=_default_keep)
     append_run_id_to_base_path: bool = True
+    on_corrupt: Literal["fallback", "error"] = "fallback"
 
     def __post_init__(self) -> None:
+        if self.on_corrupt not in ("fallback", "error"):
+            raise ValueError(f"checkpointer.on_corrupt must be 'fallback' or 'error', got {self.on_corrupt!r}")
         bounded = [k.until for k in self.keep if k.until is not None]
         for i, interval in enumerate(self.keep):
             if interval.until is None and i != len(self.keep) - 1:
@@ -194,6 +201,14 @@ class Checkpointer:
         self._last_saved_step: int | None = existing[-1].step if existing else None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponente-checkpoint")
         self._future: concurrent.futures.Future[None] | None = None
+
+    def loaded(self, step: int) -> None:
+        """Record that the run's state was loaded from this run's checkpoint of ``step``.
+
+        A save at ``step`` is then skipped (that checkpoint exists), and any other step saves as usual, including
+        the step of a newer, damaged checkpoint that the resume skipped (the save replaces it).
+        """
+        self._last_saved_step = step
 
     def checkpoint_path(self, step: int) -> str:
         """Where the checkpoint of ``step`` goes."""

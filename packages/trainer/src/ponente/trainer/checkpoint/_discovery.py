@@ -7,6 +7,7 @@ import logging
 import re
 
 from . import _location as loc
+from ._errors import CheckpointCorruptError
 from ._location import PathLike
 from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 
@@ -25,6 +26,8 @@ class CheckpointInfo:
         committed: whether its ``metadata.json`` exists.
         temporary: whether a :class:`Checkpointer` saved it as temporary (False if uncommitted).
         timestamp: the commit time (ISO 8601), empty if uncommitted.
+        damage: why a committed checkpoint's ``metadata.json`` is unreadable (empty: it reads); such a checkpoint
+            still counts as committed, and loading it raises :class:`CheckpointCorruptError`.
     """
 
     path: str
@@ -32,6 +35,7 @@ class CheckpointInfo:
     committed: bool
     temporary: bool = False
     timestamp: str = ""
+    damage: str = ""
 
 
 def discover_checkpoints(path: PathLike) -> list[CheckpointInfo]:
@@ -57,7 +61,11 @@ def discover_checkpoints(path: PathLike) -> list[CheckpointInfo]:
     for rel, committed in dirs.items():
         step = int(_STEP_DIR.fullmatch(rel.rsplit("/", 1)[-1]).group(1))  # type: ignore[union-attr]
         ckpt = loc.join(root, rel)
-        meta = read_metadata(ckpt) if committed else None
+        try:
+            meta = read_metadata(ckpt) if committed else None
+        except CheckpointCorruptError as exc:
+            found.append(CheckpointInfo(ckpt, step, True, damage=str(exc)))
+            continue
         if meta is None:
             found.append(CheckpointInfo(ckpt, step, committed=False))
         else:

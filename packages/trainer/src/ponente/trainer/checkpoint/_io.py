@@ -10,6 +10,7 @@ without ``metadata.json`` is not a checkpoint: it is never loaded, and the next 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -28,6 +29,7 @@ from ponente.trainer.versions import ponente_versions, runtime_versions
 
 from . import _location as loc
 from ._discovery import resolve_checkpoint
+from ._errors import CheckpointCorruptError, CheckpointDiskFullError, CheckpointError, is_disk_full
 from ._location import PathLike
 from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 from ._sync import agree, next_save_id
@@ -44,10 +46,6 @@ _MAX_CHUNK_BYTES = 64 << 20
 _DATA_FILE_BYTES = 32 << 20
 
 ShardingSpec = jax.sharding.Sharding | Callable[[Any], Any] | Any
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match what the caller asked to load (missing leaf, shape, dtype, axes, kind)."""
 
 
 def sync_processes(name: str) -> None:
@@ -211,6 +209,13 @@ SLOW_CHECKPOINT_ENV = "PONENTE_TEST_SLOW_CHECKPOINT"
 """Test seam: seconds to sleep after a save wrote its arrays and before it commits (unset: no delay)."""
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, without the store spec TensorStore appends (long JSON, no news)."""
+    lines = str(exc).strip().splitlines()
+    line = lines[0] if lines else type(exc).__name__
+    return line.split(" [tensorstore_spec=", 1)[0]
+
+
 def _test_delay_before_commit(target: str) -> None:
     """Sleep ``$PONENTE_TEST_SLOW_CHECKPOINT`` seconds, so tests can kill a process during an in-flight save."""
     delay = os.environ.get(SLOW_CHECKPOINT_ENV)
@@ -248,6 +253,8 @@ def write_snapshot(
         The normalized checkpoint path.
 
     Raises:
+        CheckpointDiskFullError: if the disk filled up (ENOSPC, EDQUOT) during the write: ``disk full while
+            writing checkpoint <path>``; the partial directory is not committed (and deleted if possible).
         CheckpointWriteError: (several processes) if a process failed, or the processes save different
             steps or paths; the message names the processes.
     """
@@ -274,7 +281,8 @@ def write_snapshot(
                 "shape": list(arr.shape),
                 "data_type": arr.dtype.name,
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(arr.chunk_shape)}},
-                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                # crc32c: a damaged byte fails the load (and a resume falls back) instead of loading silently
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
             }
             # each process writes its own OCDBT store: OCDBT has no safe concurrent writers without a coordinator
             opened.append(ts.open(spec, create=True, context=ctx, transaction=txn))
@@ -308,9 +316,18 @@ def write_snapshot(
         }
         loc.write_bytes(target, METADATA_FILE, json.dumps(marker, indent=1).encode())
 
-    _stage(f"{meeting}/cleared", token, clear)
-    _stage(f"{meeting}/written", token, write_own_shards)  # process 0 commits only after every process wrote
-    _stage(f"{meeting}/committed", token, commit)  # nobody runs ahead of a checkpoint that may not exist yet
+    try:
+        _stage(f"{meeting}/cleared", token, clear)
+        _stage(f"{meeting}/written", token, write_own_shards)  # process 0 commits only after every process wrote
+        _stage(f"{meeting}/committed", token, commit)  # nobody runs ahead of a checkpoint that may not exist yet
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        # nothing was committed; deleting the partial files gives the space back (best effort, it may fail too)
+        if process == 0 and jax.process_count() == 1:
+            with contextlib.suppress(Exception):
+                delete_checkpoint(target)
+        raise CheckpointDiskFullError(target, _first_line(exc)) from exc
     nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in snap.arrays)
     logger.info(
         "saved checkpoint of step %d to %s (%.1f MB in %.2f s)",
@@ -413,12 +430,18 @@ class _PieceReader:
         for process in range(self.num_processes or 0):
             raw = loc.read_bytes(where, _pieces_file(process))
             if raw is None:
-                raise FileNotFoundError(
+                raise CheckpointCorruptError(
                     f"checkpoint {where} is damaged: {_pieces_file(process)} (the list of arrays process {process} "
                     "wrote) is missing"
                 )
-            for name, boxes in json.loads(raw).items():
-                self.pieces.setdefault(name, []).extend((process, box) for box in boxes)
+            try:
+                listing = json.loads(raw)
+                for name, boxes in listing.items():
+                    self.pieces.setdefault(name, []).extend((process, [list(d) for d in b]) for b in boxes)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise CheckpointCorruptError(
+                    f"checkpoint {where} is damaged: {_pieces_file(process)} does not parse ({exc})"
+                ) from None
         self._opening: dict[tuple[int | None, str], Any] = {}
 
     def open(self, name: str) -> None:
@@ -434,7 +457,15 @@ class _PieceReader:
             self._opening[(process, name)] = ts.open(_array_spec(root, name), open=True, context=self.ctx)
 
     def _store(self, process: int | None, name: str) -> Any:
-        return self._opening[(process, name)].result()
+        return self._wait(self._opening[(process, name)])
+
+    def _wait(self, future: Any) -> Any:
+        """``future.result()``; TensorStore's failure (a missing, truncated or damaged file, a checksum mismatch)
+        raised as :class:`CheckpointCorruptError` naming the checkpoint."""
+        try:
+            return future.result()
+        except ValueError as exc:
+            raise CheckpointCorruptError(f"checkpoint {self.where} is damaged: {_first_line(exc)}") from exc
 
     def read(self, name: str, shape: tuple[int, ...], index: tuple[slice, ...]) -> Callable[[], np.ndarray]:
         """Start reading block ``index`` of array ``name``; returns a function that waits for it.
@@ -444,7 +475,7 @@ class _PieceReader:
         """
         if self.num_processes is None:
             future = self._store(None, name)[index].read()
-            return future.result
+            return lambda: self._wait(future)
         region = _box(index, shape)
         parts = []
         for process, box in self.pieces.get(name, []):
@@ -459,19 +490,19 @@ class _PieceReader:
                 f"of block {region}; a writing process's blocks are missing"
             )
         if len(parts) == 1:
-            future = self._store(parts[0][0], name)[index].read()
-            return future.result
+            single = self._store(parts[0][0], name)[index].read()
+            return lambda: self._wait(single)
         futures = [
             (self._store(process, name)[tuple(slice(lo, hi) for lo, hi in inter)].read(), inter)
             for process, inter in parts
         ]
 
         def assemble() -> np.ndarray:
-            first = futures[0][0].result()
+            first = self._wait(futures[0][0])
             out = np.empty([hi - lo for lo, hi in region], dtype=first.dtype)
             for future, inter in futures:
                 dest = tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(inter, region, strict=True))
-                out[dest] = future.result()
+                out[dest] = self._wait(future)
             return out
 
         return assemble
@@ -506,11 +537,25 @@ def load_checkpoint(
         FileNotFoundError: if ``path`` holds no committed checkpoint.
         CheckpointError: if a template leaf is missing from the checkpoint, or its kind, shape, dtype or axes
             differ; the message names the leaf path, what was expected and what was found.
+        CheckpointCorruptError: (a :class:`CheckpointError`) if the checkpoint is damaged: ``metadata.json`` or
+            a piece list does not parse, or an array file is missing, truncated or fails its checksum; the
+            message names the checkpoint directory.
     """
     where = resolve_checkpoint(path)
     meta = read_metadata(where)
     if meta is None:  # deleted since it was found
         raise FileNotFoundError(f"checkpoint {where} was deleted while it was being loaded")
+    try:
+        return _load(tree_template, where, meta, subpath, shardings)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError) as exc:  # metadata.json's leaf table lacks an entry's fields or has wrong types
+        raise CheckpointCorruptError(f"checkpoint {where} is damaged: metadata.json: {exc!r}") from exc
+
+
+def _load(
+    tree_template: Any, where: str, meta: dict[str, Any], subpath: str | None, shardings: ShardingSpec | None
+) -> Any:
     stored: dict[str, dict[str, Any]] = meta["leaves"]
     leaves, treedef = flatten(tree_template)
     targets = map_shardings(shardings, treedef, leaves)

@@ -2,16 +2,21 @@
 
 Every file operation of the checkpoint module (arrays, the commit marker, listing, deleting) goes
 through a tensorstore key-value store, so a local directory, ``memory://`` and ``gs://`` behave the
-same way and one protocol (write the marker last) covers them all.
+same way and one protocol (write the marker last) covers them all. ``s3://`` and ``gs://`` locations
+take their endpoint and credentials from the environment, like the data caches
+(:func:`ponente.datacache.storage.kvstore_spec`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import tensorstore as ts
+
+from ponente.datacache import storage
 
 # Resources shared by every checkpoint operation of this process; above all the ``memory://`` store,
 # which must outlive the single open that wrote it.
@@ -62,12 +67,12 @@ def is_local(path: str) -> bool:
 
 
 def kvstore_spec(path: str) -> dict[str, Any]:
-    """The tensorstore kvstore spec of a normalized location, as a directory (path ends with ``/``)."""
-    if is_local(path):
-        return {"driver": "file", "path": path.rstrip("/") + "/"}
-    url = path if path.endswith("/") else path + "/"
-    spec: dict[str, Any] = ts.KvStore.Spec(url).to_json()
-    return spec
+    """The tensorstore kvstore spec of a normalized location, as a directory (path ends with ``/``).
+
+    Object-store endpoints and credentials come from the environment (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``,
+    ...): see :func:`ponente.datacache.storage.kvstore_spec`, which the data caches use too.
+    """
+    return storage.kvstore_spec(path)
 
 
 def open_kvstore(path: str, ctx: ts.Context | None = None) -> ts.KvStore:
@@ -75,9 +80,28 @@ def open_kvstore(path: str, ctx: ts.Context | None = None) -> ts.KvStore:
     return ts.KvStore.open(kvstore_spec(path), context=ctx if ctx is not None else context()).result()
 
 
+@contextlib.contextmanager
+def remote_errors(path: str, action: str) -> Iterator[None]:
+    """Turn an object store's refusal (no such bucket, credentials refused) into one line naming ``path``.
+
+    Raises:
+        ponente.datacache.storage.StorageError: The store refused the operation; other errors pass unchanged.
+    """
+    try:
+        yield
+    except ValueError as e:
+        if is_local(path):
+            raise
+        error = storage.storage_error(path, e, action)
+        if error is None:
+            raise
+        raise error from e
+
+
 def read_bytes(path: str, key: str) -> bytes | None:
     """The value stored under ``key`` in the directory ``path``, or None if there is none."""
-    result = open_kvstore(path).read(key).result()
+    with remote_errors(path, "reading"):
+        result = open_kvstore(path).read(key).result()
     if result.state != "value":
         return None
     return bytes(result.value)
@@ -89,22 +113,26 @@ def write_bytes(path: str, key: str, value: bytes) -> None:
     The file driver writes a temporary file and renames it into place; object stores (GCS, S3) and
     the memory store replace a value in one operation.
     """
-    open_kvstore(path).write(key, value).result()
+    with remote_errors(path, "writing"):
+        open_kvstore(path).write(key, value).result()
 
 
 def delete_key(path: str, key: str) -> None:
     """Delete ``key`` in the directory ``path``; a missing key is not an error."""
-    open_kvstore(path).delete_range(ts.KvStore.KeyRange(key, key + "\x00")).result()
+    with remote_errors(path, "deleting from"):
+        open_kvstore(path).delete_range(ts.KvStore.KeyRange(key, key + "\x00")).result()
 
 
 def list_keys(path: str) -> list[str]:
     """All keys below the directory ``path`` (recursively), relative to it."""
-    return [k.decode() for k in open_kvstore(path).list().result()]
+    with remote_errors(path, "listing"):
+        return [k.decode() for k in open_kvstore(path).list().result()]
 
 
 def delete_tree(path: str) -> None:
     """Delete the directory ``path`` and everything below it; a missing directory is not an error."""
-    open_kvstore(path).delete_range(ts.KvStore.KeyRange()).result()
+    with remote_errors(path, "deleting"):
+        open_kvstore(path).delete_range(ts.KvStore.KeyRange()).result()
     if is_local(path):
         # the file driver deletes files but leaves their (now empty) directories behind
         for root, dirs, _files in os.walk(path, topdown=False):

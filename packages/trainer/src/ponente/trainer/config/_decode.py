@@ -103,12 +103,14 @@ def _yaml_text(text: Text, path: str) -> Any:
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or type(e).__name__
         raise ConfigError(f"{path}: cannot parse {_show(text)} as a YAML value ({problem})") from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise ConfigError(f"{path}: cannot parse {_show(text)} as a YAML value (nested too deeply)") from None
 
 
 def _yaml_or_none(text: Text) -> Any:
     try:
         return yaml.safe_load(str(text))
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return None
 
 
@@ -201,7 +203,10 @@ def _decode_int(value: Any, path: str) -> int:
 
 def _decode_float(value: Any, path: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond the float range
+            raise ConfigError(f"{path}: expected float, got {_show(value)}, which is too large") from None
     if isinstance(value, str):  # YAML 1.1 reads ``1E-3`` as a string; so does the command line
         try:
             return float(value.strip())
@@ -216,7 +221,7 @@ def _decode_timedelta(value: Any, path: str) -> datetime.timedelta:
     if isinstance(value, int | float | str) and not isinstance(value, bool):
         try:
             return parse_duration(value)
-        except ValueError:
+        except (ValueError, ArithmeticError):  # ArithmeticError: beyond timedelta's range (OverflowError, ...)
             pass
     raise ConfigError(
         f"{path}: expected a duration like '10m', '1h30m', '45s', '2d' or a number of seconds, got {_show(value)}"
@@ -435,8 +440,8 @@ def build(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISS
     """Construct dataclass ``cls`` from ``items``, taking the other fields from ``base`` (or their defaults).
 
     Raises:
-        ConfigError: for an unknown key, a wrong value, a missing required field, or a ``ValueError``
-            raised by the class's ``__post_init__`` (prefixed with ``path``).
+        ConfigError: for an unknown key, a wrong value, a missing required field, or a ``ValueError``,
+            ``TypeError`` or ``ArithmeticError`` raised by the class's ``__post_init__`` (prefixed with ``path``).
     """
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = type_hints(cls)
@@ -460,7 +465,7 @@ def build(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISS
         return cls(**kwargs)
     except ConfigError:
         raise
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ArithmeticError) as e:  # raised by __post_init__ checks of the values
         message = str(e).replace("\n", " ")
         raise ConfigError(f"{path or cls.__name__}: {message}") from e
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from ponente.datacache.errors import PonenteConfigError
+
 __all__ = ["ConfigError"]
 
 
-class ConfigError(ValueError):
+class ConfigError(PonenteConfigError):
     """A configuration the user wrote is invalid: an unknown key, a wrong type, a missing file or field.
 
     The message is one line that starts with the full dotted key (or the file) at fault, e.g.
-    ``trainer.num_train_steps: expected int, got 'ten'``.
+    ``trainer.num_train_steps: expected int, got 'ten'``. It is a ``ValueError`` and a
+    :class:`ponente.datacache.PonenteUserError`: the console scripts exit with status 2 on it.
     """

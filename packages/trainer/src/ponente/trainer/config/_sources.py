@@ -46,36 +46,57 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader plus ``!include other.yaml`` (relative to the including file), as in Levanter's configs."""
 
     directory: Traversable | None = None
+    chain: tuple[str, ...] = ()  # the files being read, outermost first, to refuse ``!include`` cycles
 
 
 def _include(loader: _Loader, node: yaml.Node) -> Any:
     target = str(loader.construct_scalar(node))  # type: ignore[arg-type]
     if Path(target).is_absolute() or loader.directory is None:
-        return read_config_file(target)
+        file, directory = _resolve(target)
+        return _read(file, target, directory, loader.chain)
     file = loader.directory.joinpath(target)
     directory = Path(file).parent if isinstance(file, Path) else loader.directory
-    return _read(file, target, directory)
+    return _read(file, target, directory, loader.chain)
 
 
 _Loader.add_constructor("!include", _include)
 
 
-def _read(file: Traversable, shown: str, directory: Traversable) -> dict[str, Any]:
+def _identity(file: Traversable) -> str:
+    if isinstance(file, Path):
+        try:
+            return str(file.resolve())
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+            return str(file.absolute())
+    return f"{_PACKAGE}:{file.name}"
+
+
+def _read(file: Traversable, shown: str, directory: Traversable, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    identity = _identity(file)
+    if identity in chain:
+        raise ConfigError(f"config {shown!r}: !include cycle: {' -> '.join([*chain, identity])}")
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"config {shown!r}: cannot read ({e.strerror or e})") from None
-    loader = _Loader(text)
-    loader.directory = directory
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {shown!r}: not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start})") from None
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # refuses control characters (NUL, ...) right away
+        loader.directory = directory
+        loader.chain = (*chain, identity)
         data = loader.get_single_data()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{shown}{line}: invalid YAML: {problem}") from None
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ConfigError(f"{shown}: invalid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -87,8 +108,8 @@ def read_config_file(path_or_name: str | os.PathLike[str]) -> dict[str, Any]:
     """Read one YAML config: a file path, or the name of a packaged config (``gpt2_nano``, ``.yaml`` optional).
 
     Raises:
-        ConfigError: if the file is missing (the message lists the packaged names), unreadable, not YAML,
-            or not a mapping.
+        ConfigError: if the file is missing (the message lists the packaged names), unreadable, not UTF-8,
+            not YAML (or nested too deeply), not a mapping, or ``!include``s itself.
     """
     file, directory = _resolve(path_or_name)
     return _read(file, str(path_or_name), directory)
@@ -173,7 +194,9 @@ def load_config(
         The config.
 
     Raises:
-        ConfigError: one line naming the dotted key (or file) at fault.
+        ConfigError: one line naming the dotted key (or file) at fault. This is the only exception that
+            files and ``"key=value"`` overrides can cause, whatever their content (the config parser is
+            fuzzed with random bytes and random YAML structures).
 
     Example:
         >>> import dataclasses
@@ -198,5 +221,8 @@ def load_config(
             tree = merge(tree, item)
         else:
             raise TypeError(f"load_config: overrides must be 'key=value' strings or mappings, got {item!r}")
-    result = decode(cls, tree, "")
-    return result
+    try:
+        config: T = decode(cls, tree, "")
+    except RecursionError:  # a value nested deeper than Python's recursion limit
+        raise ConfigError("the configuration is nested too deeply to decode") from None
+    return config

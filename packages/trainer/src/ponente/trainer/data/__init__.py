@@ -4,6 +4,7 @@ See ``docs/trainer/docs/data.md`` for the config keys, the cache layout and the 
 cache that is still being built.
 """
 
+from ponente.trainer.data.asr import AsrDatasetConfig
 from ponente.trainer.data.cache_build import (
     DEFAULT_FOLLOW_TIMEOUT,
     PACKAGE_SCHEME,
@@ -18,6 +19,7 @@ from ponente.trainer.data.loader import DataLoader, batch_for_step
 __all__ = [
     "DEFAULT_FOLLOW_TIMEOUT",
     "PACKAGE_SCHEME",
+    "AsrDatasetConfig",
     "CacheBuildError",
     "DataLoader",
     "FollowMode",

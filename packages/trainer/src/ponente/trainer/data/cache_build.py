@@ -16,6 +16,7 @@ location and returns it while it still grows.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.resources
 import logging
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ponente.datacache import CacheDataset, CacheNotFoundError, Ledger, build_cache, open_cache
+from ponente.datacache.builder import BuildStopped
 
 __all__ = [
     "DEFAULT_FOLLOW_TIMEOUT",
@@ -108,6 +110,8 @@ class _Build:
     def _main(self) -> None:
         try:
             self._run()
+        except BuildStopped:
+            logger.info("stopped the background build of the cache at %s (it resumes on the next run)", self.location)
         except BaseException as exc:  # surfaced to readers through check()
             logger.error("building the cache at %s failed: %s", self.location, exc)
             self.error = exc
@@ -153,6 +157,25 @@ class _GrowingCache(CacheDataset):
 
 _BUILDS: dict[str, _Build] = {}
 _BUILDS_LOCK = threading.Lock()
+_EXITING = threading.Event()
+_EXIT_WAIT_SECONDS = 60.0
+
+
+def _stop_builds_at_exit() -> None:
+    """Stop the running background builds, and wait for them, before the interpreter tears down.
+
+    A build thread still inside TensorStore or the tokenizer when the process exits can abort it (``terminate
+    called without an active exception``); each build stops at its next batch and commits what it wrote, so the
+    cache resumes on the next run.
+    """
+    _EXITING.set()
+    with _BUILDS_LOCK:
+        running = [b for b in _BUILDS.values() if not b.done.is_set()]
+    for build in running:
+        build.thread.join(timeout=_EXIT_WAIT_SECONDS)
+
+
+atexit.register(_stop_builds_at_exit)
 
 
 def build_in_background(location: str, *, timeout: float | None = None, **build_kwargs: Any) -> CacheDataset:
@@ -178,7 +201,7 @@ def build_in_background(location: str, *, timeout: float | None = None, **build_
     with _BUILDS_LOCK:
         build = _BUILDS.get(location)
         if build is None or build.done.is_set():
-            build = _Build(location, lambda: build_cache(output=location, **build_kwargs))
+            build = _Build(location, lambda: build_cache(output=location, should_stop=_EXITING.is_set, **build_kwargs))
             _BUILDS[location] = build
             build.thread.start()
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -70,11 +70,11 @@ def _token(value: Any) -> str | None:
 
 
 def _hub_file(repo: str, name: str) -> Path | None:
-    try:
-        from huggingface_hub import hf_hub_download
+    from ponente.datacache import hub_file  # the local hub cache first, ``org/name@revision`` ids, no retry noise
 
-        return Path(hf_hub_download(repo_id=repo, filename=name))
-    except Exception as exc:  # absent file, unknown id, offline: no default from the hub
+    try:
+        return hub_file(repo, name, what="tokenizer")
+    except FileNotFoundError as exc:  # absent file, unknown id, offline and not cached: no default from the hub
         logger.info("no %s for the tokenizer %r on the Hugging Face hub: %s", name, repo, exc)
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -30,6 +31,9 @@ TokenCallback = Callable[[int, int, str, float], None]
 _MIN_PREFILL = 8
 """The shortest prefill bucket: shorter prompts are padded to it (fewer compilations for tiny prompts)."""
 
+_STEPS_PER_CALL = 8
+"""How many decode steps one compiled call runs by default (see ``Engine``'s ``steps_per_call``)."""
+
 
 def _bucket(n: int, cap: int | None = None) -> int:
     """The power of two >= ``n`` (at least :data:`_MIN_PREFILL`), at most ``cap``."""
@@ -42,10 +46,14 @@ class Engine:
 
     Prompts (text or token ids) are sorted by length and run in batches of up to ``max_batch_size``. A batch is
     right-padded to a power-of-two prompt length and prefilled in one call, which also allocates the cache (its
-    length: the power of two holding the longest prompt plus the most new tokens, at most ``max_seq_len``);
-    then one compiled decode step per token feeds each row's last token at its own position. Programs compile
+    length: the power of two holding the longest prompt plus the most new tokens, at most ``max_seq_len``) and
+    attends with the model's forward attention backend; then compiled decode calls, each running up to
+    ``steps_per_call`` steps on the device, feed each row's last token at its own position. Programs compile
     once per (batch bucket, cache-length bucket) (and prefill length), so repeated calls do not compile again.
-    The host reads a step's tokens while the next step runs.
+    The host reads a call's tokens while the next call runs.
+
+    Only ids below the tokenizer's vocabulary size are ever sampled: a model whose vocabulary axis is padded
+    beyond the tokenizer's (e.g. to a multiple of 128) never emits the padding ids, whatever their logits.
 
     Sampling is per row: a row's draws depend only on its own config and seed, so a prompt gives the same
     completion alone or in any batch.
@@ -62,9 +70,16 @@ class Engine:
         parameter_axis_mapping: how the parameters are stored on the mesh (e.g.
             ``TrainerConfig.parameter_axis_mapping``; None: ``axis_mapping``).
         cache_dtype: the cache's dtype (None: the model's choice).
+        vocab_size: the number of real token ids; ids at or above it get probability 0 (None: the tokenizer's
+            size, counting added tokens, when there is a tokenizer; else the model's real ``vocab_size``, else
+            its whole vocabulary axis).
+        steps_per_call: the most decode steps one compiled call runs before the host reads their tokens (fewer
+            host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its end, and streamed
+            tokens arrive in groups of this size).
 
     Raises:
-        ValueError: for ``max_batch_size < 1`` or ``max_seq_len < 2``.
+        ValueError: for ``max_batch_size < 1``, ``max_seq_len < 2``, ``vocab_size`` outside ``[1, vocabulary
+            axis size]`` or ``steps_per_call < 1``.
 
     Example:
         >>> engine = Engine(model, tokenizer, max_batch_size=4)  # doctest: +SKIP
@@ -84,9 +99,13 @@ class Engine:
         mesh: jax.sharding.Mesh | None = None,
         parameter_axis_mapping: ResourceMapping | None = None,
         cache_dtype: Any = None,
+        vocab_size: int | None = None,
+        steps_per_call: int = _STEPS_PER_CALL,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        if steps_per_call < 1:
+            raise ValueError(f"steps_per_call: must be >= 1, got {steps_per_call}")
         self.max_seq_len = int(max_seq_len if max_seq_len is not None else model.config.seq_len)
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len: must be >= 2, got {self.max_seq_len}")
@@ -102,6 +121,8 @@ class Engine:
             if self.axis_mapping is not None and "batch" in self.axis_mapping:
                 self._batch_shards = hax.partitioning.physical_axis_size("batch", self.axis_mapping, mesh=mesh) or 1
         self.model = model
+        self.steps_per_call = steps_per_call
+        self.vocab_size = _real_vocab_size(model, tokenizer, vocab_size)
 
     @property
     def Vocab(self) -> Axis:
@@ -222,8 +243,9 @@ class Engine:
                 if on_token is not None:
                     on_token(indices[r], token, delta, logprob)
 
+        longest = max(budgets)
         with self._on_mesh():
-            cache, next_tokens, next_logprobs = _PREFILL(
+            cache, last_tokens, first_logprobs = _PREFILL(
                 self.model,
                 hax.named(jnp.asarray(tokens), (Batch, Pos)),
                 hax.named(jnp.asarray(positions), (Batch, Pos)),
@@ -231,23 +253,34 @@ class Engine:
                 params,
                 cache_len,
                 self.cache_dtype,
+                self.vocab_size,
             )
+            # device results not read yet: (tokens, logprobs), each (steps, rows), in order of generation
+            pending = collections.deque([(last_tokens[None], first_logprobs[None])])
+            produced = 1  # tokens generated (or dispatched) per row
             step = 0
-            while True:
-                pending = (next_tokens, next_logprobs)
-                if step + 1 < max(budgets):  # dispatch the next step before reading this one's tokens
-                    pos = np.minimum(padded_lengths + step, cache_len - 1)
-                    cache, next_tokens, next_logprobs = _DECODE_STEP(
+            while pending:
+                if produced < longest:  # dispatch the next call before reading the previous one's tokens
+                    n_steps = min(self.steps_per_call, 1 << (longest - produced - 1).bit_length())
+                    cache, last_tokens, chunk_tokens, chunk_logprobs = _DECODE_STEPS(
                         self.model,
                         cache,
-                        next_tokens,
-                        jnp.asarray(pos),
+                        last_tokens,
+                        jnp.asarray(padded_lengths + produced - 1),
                         params,
-                        jnp.full((rows,), step + 1, jnp.int32),
+                        jnp.full((rows,), produced, jnp.int32),
+                        n_steps,
+                        cache_len,
+                        self.vocab_size,
                     )
-                host_tokens, host_logprobs = jax.device_get(pending)
-                take(step, np.asarray(host_tokens), np.asarray(host_logprobs))
-                step += 1
+                    pending.append((chunk_tokens, chunk_logprobs))
+                    produced += n_steps
+                host_tokens, host_logprobs = (np.asarray(a) for a in jax.device_get(pending.popleft()))
+                for i in range(host_tokens.shape[0]):
+                    take(step, host_tokens[i], host_logprobs[i])
+                    step += 1
+                    if all(f is not None for f in finish):
+                        break
                 if all(f is not None for f in finish):
                     break
         return [
@@ -273,9 +306,41 @@ def _per_prompt(config: GenerationConfig | Sequence[GenerationConfig] | None, n:
     return configs
 
 
+def _real_vocab_size(model: Any, tokenizer: Any, vocab_size: int | None) -> int:
+    """How many ids can be sampled: ``vocab_size``, else the tokenizer's size, else the model's real vocabulary."""
+    size = int(model.Vocab.size)
+    if vocab_size is None:
+        known = _tokenizer_size(tokenizer) if tokenizer is not None else None
+        if known is None:
+            known = getattr(model, "vocab_size", None)
+        return size if known is None else max(1, min(int(known), size))
+    if isinstance(vocab_size, bool) or not 1 <= vocab_size <= size:
+        raise ValueError(f"vocab_size: must be in [1, {size}] (the model's vocabulary axis), got {vocab_size}")
+    return int(vocab_size)
+
+
+def _tokenizer_size(tokenizer: Any) -> int | None:
+    """One more than the largest id of a ``tokenizers`` or ``transformers`` tokenizer (added tokens included)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab(with_added_tokens=True)
+    except TypeError:  # transformers' get_vocab() takes no argument and includes the added tokens
+        vocab = get_vocab()
+    return max(vocab.values()) + 1 if vocab else None
+
+
 def _rows_first(logits: NamedArray) -> jax.Array:
     """The logits as a ``(batch, position, vocab)`` array."""
     return logits.rearrange(("batch", "position", "vocab")).array
+
+
+def _only_real_ids(logits: jax.Array, vocab_size: int) -> jax.Array:
+    """``(batch, vocab)`` logits with the ids at or above ``vocab_size`` (vocabulary padding) set to ``-inf``."""
+    if vocab_size >= logits.shape[-1]:
+        return logits
+    return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits.astype(jnp.float32), -jnp.inf)
 
 
 def _prefill(
@@ -286,30 +351,55 @@ def _prefill(
     params: SamplingParams,
     cache_len: int,
     cache_dtype: Any,
+    vocab_size: int,
 ) -> tuple[Any, jax.Array, jax.Array]:
-    """Allocate the cache, run the padded prompts through it, and sample each row's first token."""
+    """Allocate the cache, run the padded prompts through it (a prefill), and sample each row's first token."""
     Batch = tokens.resolve_axis("batch")
     cache = hax.auto_sharded(model.init_cache(Batch, cache_len, dtype=cache_dtype))
-    logits, cache = model.decode(tokens, cache, pos_ids)
-    final = jnp.take_along_axis(_rows_first(logits), last[:, None, None], axis=1)[:, 0, :]
-    new_tokens, logprobs = sample_next(final, params, jnp.zeros_like(last))
+    # the output projection runs on each row's last prompt token only
+    logits, cache = model.decode(tokens, cache.for_prefill(), pos_ids, logits_at=hax.named(last, Batch))
+    final = logits.rearrange((Batch, model.Vocab)).array
+    new_tokens, logprobs = sample_next(_only_real_ids(final, vocab_size), params, jnp.zeros_like(last))
     return cache, new_tokens, logprobs
 
 
-def _decode_step(
-    model: Any, cache: Any, tokens: jax.Array, pos: jax.Array, params: SamplingParams, steps: jax.Array
-) -> tuple[Any, jax.Array, jax.Array]:
-    """Feed each row's last token at its position and sample the next one."""
+def _decode_steps(
+    model: Any,
+    cache: Any,
+    tokens: jax.Array,
+    pos: jax.Array,
+    params: SamplingParams,
+    steps: jax.Array,
+    n_steps: int,
+    cache_len: int,
+    vocab_size: int,
+) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+    """``n_steps`` decode steps in one loop: feed each row's last token at its position, sample the next one.
+
+    Returns:
+        ``(cache, last tokens (rows,), tokens (n_steps, rows), logprobs (n_steps, rows))``.
+    """
     Batch = Axis("batch", tokens.shape[0])
     Pos = Axis("position", 1)
-    logits, cache = model.decode(
-        hax.named(tokens[:, None], (Batch, Pos)), cache, hax.named(pos[:, None], (Batch, Pos))
+
+    def step(
+        carry: tuple[Any, jax.Array, jax.Array, jax.Array], _: None
+    ) -> tuple[tuple[Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+        cache, tokens, pos, steps = carry
+        logits, cache = model.decode(
+            hax.named(tokens[:, None], (Batch, Pos)), cache, hax.named(pos[:, None], (Batch, Pos))
+        )
+        new_tokens, logprobs = sample_next(_only_real_ids(_rows_first(logits)[:, 0, :], vocab_size), params, steps)
+        # a row past its end keeps stepping until the batch's call ends: its writes stay in its own last slot
+        return (cache, new_tokens, jnp.minimum(pos + 1, cache_len - 1), steps + 1), (new_tokens, logprobs)
+
+    (cache, tokens, _, _), (all_tokens, all_logprobs) = jax.lax.scan(
+        step, (cache, tokens, jnp.minimum(pos, cache_len - 1), steps), None, length=n_steps
     )
-    new_tokens, logprobs = sample_next(_rows_first(logits)[:, 0, :], params, steps)
-    return cache, new_tokens, logprobs
+    return cache, tokens, all_tokens, all_logprobs
 
 
 # Shared by every engine: programs are cached by the model's structure, the shapes, the mapping and the mesh, so
 # engines over the same model (or models of the same architecture) compile each bucket once per process.
 _PREFILL = named_jit(_prefill)
-_DECODE_STEP = named_jit(_decode_step, donate_args=(False, True, False, False, False, False))
+_DECODE_STEPS = named_jit(_decode_steps, donate_args=(False, True, False, False, False, False, False, False, False))

@@ -22,7 +22,7 @@ from typing import Any
 
 from ponente.models import LmConfig
 from ponente.trainer.eval_harness import EvalHarnessConfig, harness_metrics, run_harness, write_results
-from ponente.trainer.run import parse_command_line
+from ponente.trainer.run import parse_command_line, run_cli
 
 __all__ = ["EvalHarnessRunConfig", "eval_harness", "main"]
 
@@ -95,13 +95,21 @@ def eval_harness(config: EvalHarnessRunConfig) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, evaluate, print the scores; returns the exit code."""
-    config = parse_command_line(EvalHarnessRunConfig, argv, prog="ponente-eval-harness")
-    results = eval_harness(config)
-    for name, value in sorted(harness_metrics(results).items()):
-        print(f"{name}: {value:.6g}")
-    print(f"results written to {os.path.abspath(config.output_path)}")
-    return 0
+    """Parse the command line, evaluate, print the scores; returns the exit code.
+
+    Errors print one line ``error: <message>`` on stderr (exit status 2 for a configuration error, 1 for another;
+    ``--debug`` adds the traceback).
+    """
+
+    def run_main(args: list[str]) -> int:
+        config = parse_command_line(EvalHarnessRunConfig, args, prog="ponente-eval-harness")
+        results = eval_harness(config)
+        for name, value in sorted(harness_metrics(results).items()):
+            print(f"{name}: {value:.6g}")
+        print(f"results written to {os.path.abspath(config.output_path)}")
+        return 0
+
+    return run_cli(run_main, argv)
 
 
 if __name__ == "__main__":

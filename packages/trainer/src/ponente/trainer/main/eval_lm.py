@@ -1,11 +1,14 @@
 """Evaluate a language model on a dataset: ``python -m ponente.trainer.main.eval_lm``.
 
 Reports, per validation set (or the training split with ``split: train``), the mean next-token loss
-(nats), perplexity and bits per byte. The model comes from a training checkpoint (``checkpoint_path``
-with the run's ``model:`` section) or a Hugging Face folder (``hf_checkpoint``). Example::
+(nats), perplexity and bits per byte. The model comes from a training checkpoint (``checkpoint_path``, a step
+folder or a run folder) or a Hugging Face folder (``hf_checkpoint``). Example::
 
-    python -m ponente.trainer.main.eval_lm --config_path gpt2_nano \\
-        --checkpoint_path ponente_hello/checkpoints/<run id>
+    ponente-eval-lm --checkpoint_path ponente_hello/checkpoints/<run id>
+
+With a checkpoint, the model and data (tokenizer, validation sets) are those the training run recorded in
+it; ``--config_path`` (e.g. the run's own training file: its ``trainer``, ``optimizer``, ... sections are
+ignored) and ``--model.*`` / ``--data.*`` options replace them.
 
 Bits per byte divide the summed loss (converted to bits) by the number of UTF-8 bytes of the predicted
 tokens, which makes models with different tokenizers comparable.
@@ -22,7 +25,14 @@ import numpy as np
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
-from ponente.trainer.run import load_model_from_checkpoint, parse_command_line
+from ponente.trainer.main.export_lm_to_hf import training_config_keys
+from ponente.trainer.run import (
+    check_run_inputs,
+    find_checkpoint,
+    load_model_from_checkpoint,
+    parse_run_command_line,
+    run_cli,
+)
 
 __all__ = ["EvalLmConfig", "EvalResult", "eval_lm", "main", "token_byte_lengths"]
 
@@ -32,8 +42,10 @@ class EvalLmConfig:
     """Configuration of ``eval_lm``.
 
     Attributes:
-        data: the dataset (its validation split by default) and tokenizer.
-        model: the model config of ``checkpoint_path`` (ignored with ``hf_checkpoint``).
+        data: the dataset (its validation split by default) and tokenizer (on the command line: those the run
+            of ``checkpoint_path`` recorded).
+        model: the model config of ``checkpoint_path`` (on the command line: the one the run recorded; ignored
+            with ``hf_checkpoint``).
         checkpoint_path: a training checkpoint or run directory.
         hf_checkpoint: a Hugging Face model folder (instead of ``checkpoint_path``).
         split: which split to evaluate.
@@ -101,17 +113,22 @@ def token_byte_lengths(tokenizer: Any, vocab_size: int) -> np.ndarray:
     return lengths
 
 
-def _load_model(config: EvalLmConfig, vocab_size: int) -> Any:
-    if config.hf_checkpoint is not None:
+def _load_model(config: EvalLmConfig, checkpoint: str | None, vocab_size: int) -> Any:
+    if checkpoint is None:
         from ponente.models.hf import load_pretrained
 
+        assert config.hf_checkpoint is not None  # checked in __post_init__
         return load_pretrained(config.hf_checkpoint)
-    assert config.checkpoint_path is not None  # checked in __post_init__
-    return load_model_from_checkpoint(config.model, vocab_size, config.checkpoint_path)
+    return load_model_from_checkpoint(config.model, vocab_size, checkpoint)
 
 
 def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
-    """Evaluate as configured; returns the results by dataset name."""
+    """Evaluate as configured; returns the results by dataset name.
+
+    Raises:
+        FileNotFoundError: if there is no committed checkpoint at ``checkpoint_path`` (checked first).
+        ConfigError: if ``model`` does not describe the checkpoint (names the parameter and both shapes).
+    """
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -120,9 +137,9 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
     from ponente.trainer.data import batch_for_step
     from ponente.trainer.lm import lm_batch, lm_example
 
+    checkpoint = find_checkpoint(config.checkpoint_path) if config.checkpoint_path is not None else None
     data = config.data
-    vocab_size = data.the_vocab_size
-    model = _load_model(config, vocab_size)
+    model = _load_model(config, checkpoint, data.the_vocab_size)
     byte_table = jnp.asarray(token_byte_lengths(data.the_tokenizer, model.Vocab.size))
     seq_len = model.config.seq_len
     if config.split == "validation":
@@ -163,15 +180,21 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, evaluate and print the results; returns the exit code."""
-    config = parse_command_line(EvalLmConfig, argv, prog="eval_lm")
+def _main(argv: Sequence[str]) -> int:
+    config = parse_run_command_line(EvalLmConfig, argv, prog="ponente-eval-lm", training_keys=training_config_keys())
+    check_run_inputs(config, splits=(config.split,))
     for name, r in eval_lm(config).items():
         print(
             f"{name}: loss {r.loss:.4f}  perplexity {r.perplexity:.2f}  bits/byte {r.bits_per_byte:.4f}  "
             f"({r.tokens} tokens, {r.bytes} bytes)"
         )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, evaluate and print the results; returns the exit code (1 and one line on stderr
+    for an error, 2 for a configuration error)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

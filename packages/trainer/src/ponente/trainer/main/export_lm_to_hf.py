@@ -2,13 +2,15 @@
 
 Example::
 
-    python -m ponente.trainer.main.export_lm_to_hf --config_path gpt2_nano \\
-        --checkpoint_path ponente_hello/checkpoints/<run id> --output_dir gpt2-nano-hf
+    ponente-export-lm-to-hf --checkpoint_path ponente_hello/checkpoints/<run id> --output_dir gpt2-nano-hf
 
-Only the model is read from the checkpoint (not the optimizer state). ``model`` must describe the
-checkpoint's architecture (the training config's ``model:`` section does); the vocabulary size comes
-from ``data.tokenizer`` (or ``vocab_size``). The folder loads with
-``transformers.AutoModelForCausalLM.from_pretrained`` and, with a tokenizer, ``AutoTokenizer``.
+Only the model is read from the checkpoint (not the optimizer state). The model and tokenizer come from
+the configuration the training run recorded in the checkpoint; ``--config_path`` (e.g. the run's own
+training file: its ``trainer``, ``optimizer``, ... sections are ignored) and ``--model.*`` / ``--data.*``
+options replace them. A model section that does not describe the checkpoint is an error naming the
+parameter and both shapes. The vocabulary size comes from ``data.tokenizer`` (or ``vocab_size``). The
+folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and, with a tokenizer,
+``AutoTokenizer``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ from collections.abc import Sequence
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
-from ponente.trainer.run import export_hf, load_model_from_checkpoint, parse_command_line
+from ponente.trainer.run import (
+    check_run_inputs,
+    export_hf,
+    find_checkpoint,
+    load_model_from_checkpoint,
+    parse_run_command_line,
+    run_cli,
+)
 
-__all__ = ["ExportLmToHfConfig", "export_lm_to_hf", "load_model_from_checkpoint", "main"]
+__all__ = ["ExportLmToHfConfig", "export_lm_to_hf", "load_model_from_checkpoint", "main", "training_config_keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +39,9 @@ class ExportLmToHfConfig:
     Attributes:
         checkpoint_path: a checkpoint directory (``.../step-N``) or a run directory (its latest checkpoint).
         output_dir: the Hugging Face folder to write.
-        model: the model config of the checkpoint.
-        data: the data config; its tokenizer is saved with the model and gives the vocabulary size.
+        model: the model config of the checkpoint (on the command line: the one the run recorded).
+        data: the data config; its tokenizer is saved with the model and gives the vocabulary size (on the
+            command line: the one the run recorded).
         vocab_size: the vocabulary size when there is no tokenizer to ask (None: from ``data.tokenizer``).
         save_tokenizer: also write the tokenizer files.
         max_shard_size: the largest safetensors file in bytes.
@@ -53,10 +63,16 @@ class ExportLmToHfConfig:
 
 
 def export_lm_to_hf(config: ExportLmToHfConfig) -> str:
-    """Export as configured; returns the output folder."""
+    """Export as configured; returns the output folder.
+
+    Raises:
+        FileNotFoundError: if there is no committed checkpoint at ``checkpoint_path`` (checked first).
+        ConfigError: if ``model`` does not describe the checkpoint (names the parameter and both shapes).
+    """
+    checkpoint = find_checkpoint(config.checkpoint_path)
     tokenizer = config.data.the_tokenizer if config.save_tokenizer else None
     vocab_size = config.vocab_size if config.vocab_size is not None else config.data.the_vocab_size
-    model = load_model_from_checkpoint(config.model, vocab_size, config.checkpoint_path)
+    model = load_model_from_checkpoint(config.model, vocab_size, checkpoint)
     return export_hf(
         model,
         config.output_dir,
@@ -66,11 +82,28 @@ def export_lm_to_hf(config: ExportLmToHfConfig) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line and export; returns the exit code."""
-    config = parse_command_line(ExportLmToHfConfig, argv, prog="export_lm_to_hf")
+def training_config_keys() -> set[str]:
+    """The top-level keys of the training configs (``train_lm``, ``sft``, ``lora_lm``): a training file given to
+    a tool that reads its checkpoints may hold them; the tool ignores those it does not use."""
+    from ponente.trainer.main.lora_lm import LoraLmConfig
+    from ponente.trainer.main.sft import SftConfig  # a TrainLmConfig with more keys
+
+    return {name for cls in (SftConfig, LoraLmConfig) for name in cls.__dataclass_fields__}
+
+
+def _main(argv: Sequence[str]) -> int:
+    config = parse_run_command_line(
+        ExportLmToHfConfig, argv, prog="ponente-export-lm-to-hf", training_keys=training_config_keys()
+    )
+    check_run_inputs(config, splits=())
     print(f"wrote {export_lm_to_hf(config)}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and export; returns the exit code (1 and one line on stderr for an error, 2 for a
+    configuration error)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

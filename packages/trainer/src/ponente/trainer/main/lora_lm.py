@@ -37,7 +37,10 @@ class LoraLmConfig:
     """Everything a LoRA fine-tuning run reads (Levanter's ``LoraLmConfig`` keys).
 
     Attributes:
-        initialize_from_hf: the Hugging Face checkpoint to adapt: a local folder or a hub id (required).
+        initialize_from_hf: the Hugging Face checkpoint to adapt: a local folder or a hub id (``org/name`` or
+            ``org/name@revision``, read from the local hub cache first) (required).
+        allow_pickle: let ``initialize_from_hf`` load pickle weights (``pytorch_model*.bin``, read by torch with
+            ``weights_only=True``) when it has no safetensors (default: refused).
         lora: the adapters: ``r``, ``alpha``, ``dropout``, ``target_modules``.
         data: the training (and validation) data and its tokenizer (a single dataset or a mixture).
         trainer: batch size, steps, mixed precision, mesh, tracker, checkpointer, evaluation cadence.
@@ -55,6 +58,7 @@ class LoraLmConfig:
     """
 
     initialize_from_hf: str | None = None
+    allow_pickle: bool = False
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     data: LMDatasetConfig | LMMixtureDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
@@ -98,6 +102,7 @@ def train(config: LoraLmConfig) -> run.TrainResult:
         seq_len=seq_len,
         vocab_size=run.hf_vocab_size(config.initialize_from_hf),
         initialize_from_hf=config.initialize_from_hf,
+        allow_pickle=config.allow_pickle,
         adapt=lambda model, key: loraize(model, config.lora, key=key),
         trainable=lora_trainable_filter,
         step_model=with_dropout_keys,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ponente.trainer.inference import Completion, Engine, GenerationConfig, eos_token_ids, load_model
-from ponente.trainer.run import parse_command_line, print_versions
+from ponente.trainer.run import parse_command_line, print_versions, run_cli
 
 __all__ = ["SampleLmConfig", "main", "read_prompts", "sample_lm"]
 
@@ -178,20 +178,28 @@ def _output_record(record: dict[str, Any], completion: Completion) -> dict[str, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, generate and write the completions; returns the exit code."""
-    if "--version" in (sys.argv[1:] if argv is None else argv):
-        print_versions()
+    """Parse the command line, generate and write the completions; returns the exit code.
+
+    Errors print one line ``error: <message>`` on stderr (exit status 2 for a configuration error, 1 for another;
+    ``--debug`` adds the traceback).
+    """
+
+    def run_main(args: list[str]) -> int:
+        if "--version" in args:
+            print_versions()
+            return 0
+        config = parse_command_line(SampleLmConfig, args, prog="ponente-sample-lm")
+        out = open(config.output, "w", encoding="utf-8") if config.output else sys.stdout  # noqa: SIM115
+        try:
+            for record in sample_lm(config):
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.flush()
+        finally:
+            if out is not sys.stdout:
+                out.close()
         return 0
-    config = parse_command_line(SampleLmConfig, argv, prog="ponente-sample-lm")
-    out = open(config.output, "w", encoding="utf-8") if config.output else sys.stdout  # noqa: SIM115
-    try:
-        for record in sample_lm(config):
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    return 0
+
+    return run_cli(run_main, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ponente.models import LmConfig
-from ponente.trainer.run import parse_command_line, print_versions
+from ponente.trainer.run import parse_command_line, print_versions, run_cli
 
 __all__ = ["API_KEY_ENV", "ServeConfig", "build_app", "main"]
 
@@ -158,19 +158,25 @@ def _tokenizer_folder(config: ServeConfig) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, load the model and serve until interrupted; returns the exit code."""
-    import sys
+    """Parse the command line, load the model and serve until interrupted; returns the exit code.
 
-    if "--version" in (sys.argv[1:] if argv is None else argv):
-        print_versions()
+    Errors print one line ``error: <message>`` on stderr (exit status 2 for a configuration error, 1 for another;
+    ``--debug`` adds the traceback).
+    """
+
+    def run_main(args: list[str]) -> int:
+        if "--version" in args:
+            print_versions()
+            return 0
+        config = parse_command_line(ServeConfig, args, prog="ponente-serve")
+        from ponente.trainer.serve import serve
+
+        app = build_app(config)
+        logger.info("serving %r on http://%s:%d/v1", app.state.limits.model_name, config.host, config.port)
+        serve(app, host=config.host, port=config.port, log_level=config.log_level)
         return 0
-    config = parse_command_line(ServeConfig, argv, prog="ponente-serve")
-    from ponente.trainer.serve import serve
 
-    app = build_app(config)
-    logger.info("serving %r on http://%s:%d/v1", app.state.limits.model_name, config.host, config.port)
-    serve(app, host=config.host, port=config.port, log_level=config.log_level)
-    return 0
+    return run_cli(run_main, argv)
 
 
 if __name__ == "__main__":

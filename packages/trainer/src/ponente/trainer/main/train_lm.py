@@ -60,7 +60,10 @@ class TrainLmConfig:
         model: the model config; ``model.type`` picks the architecture (``gpt2``, ``llama``, ...).
         trainer: batch size, steps, mixed precision, mesh, tracker, checkpointer, evaluation cadence.
         optimizer: ``optimizer.type`` (``adam``, ``lion``, ``sophia-h``, ``muon``), learning rate, schedule.
-        initialize_from_hf: a Hugging Face checkpoint folder (or hub id) whose weights start the run.
+        initialize_from_hf: a Hugging Face checkpoint folder, or hub id (``org/name`` or ``org/name@revision``, read
+            from the local hub cache first), whose weights start the run.
+        allow_pickle: let ``initialize_from_hf`` load pickle weights (``pytorch_model*.bin``, read by torch with
+            ``weights_only=True``) when it has no safetensors (default: refused).
         use_hf_model_config: with ``initialize_from_hf``, take the model config from the checkpoint.
         z_loss_weight: weight of the z-loss ``logsumexp(logits)**2`` (0: none).
         cross_entropy_block_size: compute the loss blockwise over this many vocab entries, never
@@ -81,6 +84,7 @@ class TrainLmConfig:
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=AdamConfig)
     initialize_from_hf: str | None = None
+    allow_pickle: bool = False
     use_hf_model_config: bool = False
     z_loss_weight: float = 0.0
     cross_entropy_block_size: int | Literal["auto"] | None = "auto"
@@ -141,6 +145,7 @@ def recipe(config: TrainLmConfig, *, use_hf_model_config: bool, max_train_length
         seq_len=seq_len,
         vocab_size=vocab_size,
         initialize_from_hf=config.initialize_from_hf,
+        allow_pickle=config.allow_pickle,
         export=export,
         export_every=config.hf_save_steps,
         z_loss_weight=config.z_loss_weight,

@@ -26,7 +26,7 @@ import numpy as np
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
-from ponente.trainer.run import load_model_from_checkpoint, parse_command_line
+from ponente.trainer.run import load_model_from_checkpoint, parse_command_line, run_cli
 
 __all__ = ["VizLmConfig", "main", "read_documents", "viz_logprobs"]
 
@@ -159,10 +159,18 @@ def viz_logprobs(config: VizLmConfig) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, draw the page and print where it went; returns the exit code."""
-    config = parse_command_line(VizLmConfig, argv, prog="ponente-viz-logprobs")
-    print(f"wrote {viz_logprobs(config)}")
-    return 0
+    """Parse the command line, draw the page and print where it went; returns the exit code.
+
+    Errors print one line ``error: <message>`` on stderr (exit status 2 for a configuration error, 1 for another;
+    ``--debug`` adds the traceback).
+    """
+
+    def run_main(args: list[str]) -> int:
+        config = parse_command_line(VizLmConfig, args, prog="ponente-viz-logprobs")
+        print(f"wrote {viz_logprobs(config)}")
+        return 0
+
+    return run_cli(run_main, argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,7 +13,11 @@ __all__ = ["Evaluator", "eval_batches"]
 
 
 def eval_batches(
-    dataset: Any, batch_size: int, limit: int | None, rows: slice | None = None
+    dataset: Any,
+    batch_size: int,
+    limit: int | None,
+    rows: slice | None = None,
+    make_batch: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The evaluation batches of ``dataset``: only the positions ``rows`` of each global batch of ``batch_size``.
 
@@ -26,9 +30,11 @@ def eval_batches(
         batch_size: the global evaluation batch size.
         limit: evaluate at most this many batches (None: all).
         rows: the positions of each global batch this process loads (None: all).
+        make_batch: ``make_batch(rows) -> batch`` with a NamedArray ``loss_mask`` whose first axis is the batch
+            (None: :func:`ponente.trainer.lm.lm_batch`).
 
     Yields:
-        LM batches (:func:`ponente.trainer.lm.lm_batch`) of ``rows.stop - rows.start`` (or ``batch_size``) rows.
+        Batches (LM batches by default) of ``rows.stop - rows.start`` (or ``batch_size``) rows.
     """
     import numpy as np
 
@@ -42,12 +48,14 @@ def eval_batches(
     num = -(-length // batch_size)
     if limit is not None:
         num = min(num, limit)
+    to_batch = lm_batch if make_batch is None else make_batch
     for step in range(num):
-        batch = lm_batch(batch_for_step(dataset, step, batch_size, rows=rows))
+        batch = to_batch(batch_for_step(dataset, step, batch_size, rows=rows))
         padding = step_indices(step, batch_size, rows) >= length
         if padding.any():
             mask = batch["loss_mask"]
-            batch["loss_mask"] = hax.named(np.asarray(mask.array) * ~padding[:, None], mask.axes)
+            keep = ~padding.reshape(padding.shape + (1,) * (mask.array.ndim - 1))
+            batch["loss_mask"] = hax.named(np.asarray(mask.array) * keep, mask.axes)
         yield batch
 
 
@@ -61,20 +69,31 @@ class Evaluator:
         trainer: the trainer that evaluates.
         datasets: the validation sets by name.
         max_batches: evaluate at most this many batches of each set (None: all).
+        make_batch: ``make_batch(rows) -> batch`` (None: :func:`ponente.trainer.lm.lm_batch`).
     """
 
-    def __init__(self, trainer: Trainer, datasets: Mapping[str, Any], max_batches: int | None) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        datasets: Mapping[str, Any],
+        max_batches: int | None,
+        *,
+        make_batch: Callable[[Mapping[str, Any]], Any] | None = None,
+    ) -> None:
         self.trainer = trainer
         self.datasets = dict(datasets)
         self.max_batches = max_batches
         self.batch_size: int = trainer.eval_batch_size
         self.rows: slice = trainer.process_batch_rows(self.batch_size)  # like training, each process its own rows
+        self.make_batch = make_batch
         self.last: dict[str, float] = {}
 
     def __call__(self, state: TrainerState) -> dict[str, float]:
         results = {
             f"{name}/loss": self.trainer.eval_loss(
-                state, eval_batches(ds, self.batch_size, self.max_batches, self.rows), batch_size=self.batch_size
+                state,
+                eval_batches(ds, self.batch_size, self.max_batches, self.rows, self.make_batch),
+                batch_size=self.batch_size,
             )
             for name, ds in self.datasets.items()
         }

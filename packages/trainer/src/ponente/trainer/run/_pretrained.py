@@ -1,8 +1,12 @@
-"""Pretrained weights of a run: the model config of a Hugging Face checkpoint, and its weights put in a state."""
+"""Pretrained weights of a run: the model config of a Hugging Face checkpoint, and its weights put in a state.
+
+A checkpoint is a local folder or a Hub id (``org/name``, ``org/name@revision``), read from the local Hugging Face
+cache first and downloaded only when missing (never with ``HF_HUB_OFFLINE=1``): see
+:func:`ponente.models.hf.resolve_checkpoint`.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,15 +21,18 @@ def hf_model_config(path: str, *, key: str = "initialize_from_hf") -> LmConfig:
     """The model config of a Hugging Face checkpoint (its ``config.json``), without loading the weights.
 
     Args:
-        path: a local checkpoint folder or a hub id (a hub id is downloaded, or read from the local hub cache).
+        path: a local checkpoint folder or a hub id, optionally ``@revision`` (read from the local hub cache, else
+            downloaded: only its ``config.json`` and tokenizer files).
         key: the config key that named ``path``, for the error message.
 
     Returns:
         The config (its ``seq_len`` is the checkpoint's ``max_position_embeddings`` or equivalent).
 
     Raises:
-        FileNotFoundError: if ``path`` is neither a checkpoint folder nor a reachable hub id.
-        KeyError: if ``config.json`` has no known ``model_type``.
+        FileNotFoundError: if ``path`` is neither a checkpoint folder nor a cached or reachable hub id.
+        KeyError: if ``config.json`` has no known ``model_type`` (``UnsupportedModelError``, also a ``ValueError``;
+            custom code in ``auto_map`` is never run).
+        ValueError: if ``config.json`` has no ``vocab_size``.
     """
     return _hf_checkpoint(path, key)[0]
 
@@ -40,41 +47,41 @@ def hf_vocab_size(path: str, *, key: str = "initialize_from_hf") -> int:
 
 
 def _hf_checkpoint(path: str, key: str) -> tuple[LmConfig, int]:
-    from ponente.models import config_for_type
+    from ponente.models.hf import hf_config_class, resolve_checkpoint
 
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        if Path(path).exists():
-            raise FileNotFoundError(f"{key}: {path} has no config.json, so it is not a Hugging Face checkpoint")
-        return _hub_checkpoint(path)
+    if Path(path).exists() and not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"{key}: {path} has no config.json, so it is not a Hugging Face checkpoint")
+    config_file = resolve_checkpoint(path, weights=False, key=key) / "config.json"
     hf_config = json.loads(config_file.read_text(encoding="utf-8"))
-    for needed in ("model_type", "vocab_size"):
-        if needed not in hf_config:
-            raise KeyError(f"{key}: {config_file} has no {needed!r}")
-    config = config_for_type(str(hf_config["model_type"])).from_hf_config(hf_config)
-    return config, int(hf_config["vocab_size"])
+    if "vocab_size" not in hf_config:
+        raise ValueError(f"{key}: {config_file} has no 'vocab_size'")
+    config_class = hf_config_class(hf_config, config_file, key)
+    return config_class.from_hf_config(hf_config), int(hf_config["vocab_size"])
 
 
-@functools.lru_cache(maxsize=4)
-def _hub_checkpoint(repo_id: str) -> tuple[LmConfig, int]:
-    """Config and vocabulary size of a hub checkpoint, which ``load_pretrained`` downloads (offline: a clear error)."""
-    from ponente.models.hf import load_pretrained
-
-    model = load_pretrained(repo_id)  # once per process: the weights come from the downloaded copy later
-    return model.config, model.Vocab.size
-
-
-def load_hf_weights(path: str, model_config: LmConfig, mp: Any) -> Any:
+def load_hf_weights(
+    path: str, model_config: LmConfig, mp: Any, *, allow_pickle: bool = False, key: str = "initialize_from_hf"
+) -> Any:
     """The model of a Hugging Face checkpoint, its vocabulary padded like ``model_config``'s, in ``mp``'s param dtype.
 
     Args:
-        path: a local checkpoint folder or a hub id.
+        path: a local checkpoint folder or a hub id, optionally ``@revision``.
         model_config: the run's model config (its ``vocab_padding_multiple`` is used).
         mp: the run's ``jmp`` mixed-precision policy.
+        allow_pickle: read ``pytorch_model*.bin`` weights (torch, ``weights_only=True``) when there are no
+            safetensors (the config key ``allow_pickle``).
+        key: the config key that named ``path``, for error messages.
+
+    Raises:
+        FileNotFoundError: if ``path`` is neither a checkpoint folder nor a cached or reachable hub id.
+        ValueError: if the weights are only pickle files and ``allow_pickle`` is false (one line naming ``key``).
     """
     from ponente.models.hf import load_pretrained
 
-    return mp.cast_to_param(load_pretrained(path, pad_vocab_to_multiple=model_config.vocab_padding_multiple))
+    model = load_pretrained(
+        path, pad_vocab_to_multiple=model_config.vocab_padding_multiple, allow_pickle=allow_pickle, key=key
+    )
+    return mp.cast_to_param(model)
 
 
 def replace_model(state: Any, model: Any, *, what: str) -> Any:

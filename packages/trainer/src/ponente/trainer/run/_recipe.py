@@ -1,31 +1,27 @@
 """The language-model run that ``train_lm``, ``sft`` and ``lora_lm`` share: from a chosen model to a result.
 
 An entry point says what is particular to it in an :class:`LmRecipe` (the model, where its first weights come
-from, adapters and which parameters train, what to export) and :func:`train_language_model` does the rest:
-run record and trackers, data caches, trainer and state, resume, training with evaluation and checkpoints,
-the final checkpoint, exports, sample and summary.
+from, adapters and which parameters train, what to export) and :func:`train_language_model` turns it into the
+:class:`~ponente.trainer.run.RunTask` of a language model (packed token rows, the next-token loss, log-prob pages,
+lm-eval, the final sample) for the shared run (:func:`~ponente.trainer.run.run_task`): run record and trackers,
+data caches, trainer and state, resume, training with evaluation and checkpoints, the final checkpoint, exports
+and summary.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from ._data import build_caches_once
-from ._devices import pad_vocab_for_partitioning, resolve_train_batch_size, start_distributed
+from ._core import Exporter, RunContext, RunTask, run_task
+from ._devices import pad_vocab_for_partitioning, start_distributed
 from ._eval_harness import eval_harness_hook
-from ._evaluation import Evaluator
-from ._finish import final_checkpoint, finish_trackers
-from ._outputs import output_locations
-from ._pretrained import load_hf_weights, replace_model
-from ._provenance import RunRecord, with_run_id
-from ._restore import restore
+from ._pretrained import load_hf_weights
 from ._result import TrainResult
 from ._sampling import SampleConfig, sample_text
 from ._startup import Startup
-from ._training import batch_fields, placeholder_batch, train_on
+from ._training import batch_fields, placeholder_rows
 from ._viz_logprobs import VizLogprobsConfig, logprob_pages
 
 if TYPE_CHECKING:
@@ -37,10 +33,6 @@ if TYPE_CHECKING:
 
 
 __all__ = ["LmRecipe", "LmRunConfig", "check_training_data", "row_length", "start_run", "train_language_model"]
-
-Exporter = Callable[[Any, str | None], Mapping[str, str]]
-"""``export(model, subfolder) -> {what: where}``: writes the run's exports of ``model``; ``subfolder`` is
-``"step-N"`` for the exports during the run and None for the final one."""
 
 
 class LmRunConfig(Protocol):
@@ -72,6 +64,7 @@ class LmRecipe:
             tokenizer's), e.g. that of a checkpoint whose embedding has spare rows (None: the data's).
         initialize_from_hf: a Hugging Face checkpoint (folder or hub id) whose weights start a fresh run
             (ignored when the run resumes or ``trainer.initialize_from`` is set).
+        allow_pickle: let ``initialize_from_hf`` load pickle weights (``pytorch_model*.bin``) without safetensors.
         adapt: ``adapt(model, key) -> model``, applied to the model before training (e.g. LoRA adapters); the
             same ``key`` (from ``trainer.seed``) serves a built and a loaded model. None: the model as it is.
         trainable: ``trainable(model)``: which parts of the (adapted) model train, as ``Trainer.initial_state``'s
@@ -91,6 +84,7 @@ class LmRecipe:
     seq_len: int | None = None
     vocab_size: int | None = None
     initialize_from_hf: str | None = None
+    allow_pickle: bool = False
     adapt: Callable[[Any, Any], Any] | None = None
     trainable: Callable[[Any], Any] | None = None
     step_model: Callable[[Any, Any], Any] | None = None
@@ -117,11 +111,11 @@ def start_run(tcfg: TrainerConfig) -> Startup:
     return startup
 
 
-def check_training_data(data: LMDatasetConfig | LMMixtureDatasetConfig, hint: str) -> None:
+def check_training_data(data: Any, hint: str) -> None:
     """Fail early when a single-source data config names no training data.
 
     Args:
-        data: the data config.
+        data: the data config (``LMDatasetConfig``, ``LMMixtureDatasetConfig``, ``AsrDatasetConfig``, ...).
         hint: what to pass instead, for the message (e.g. ``"--config_path gpt2_nano"``).
 
     Raises:
@@ -148,7 +142,9 @@ def train_language_model(config: LmRunConfig, recipe: LmRecipe, startup: Startup
     """Train the recipe's model on ``config.data`` as ``config.trainer`` says, and report what the run produced.
 
     Call :func:`~ponente.trainer.run.start_distributed` first (``startup`` times the phases since the
-    process started). A run whose config has a ``model`` section records the padded model config there.
+    process started). A run whose config has a ``model`` section records the padded model config there. The
+    steps are those of every run (:func:`~ponente.trainer.run.run_task`); this function says what a language
+    model adds: packed token rows, the next-token loss, adapters, the log-prob pages, lm-eval and the sample.
 
     Args:
         config: the entry point's resolved configuration.
@@ -166,139 +162,82 @@ def train_language_model(config: LmRunConfig, recipe: LmRecipe, startup: Startup
     import jax
 
     import ponente.namedtensor as hax
-    from ponente.trainer.callbacks import as_hook
-    from ponente.trainer.tracker import init_trackers
-    from ponente.trainer.trainer import Trainer
+    from ponente.trainer.lm import lm_batch
 
     data = config.data
     model_config = pad_vocab_for_partitioning(recipe.model_config, config.trainer, jax.device_count())
     seq_len = recipe.seq_len or model_config.seq_len
-    config = with_run_id(config)
-    trainer_config = resolve_train_batch_size(config.trainer, jax.device_count())
-    config = dataclasses.replace(config, trainer=trainer_config)
-    if "model" in config.__dataclass_fields__:
-        config = dataclasses.replace(config, model=model_config)
-    tcfg = config.trainer
-    record = RunRecord.of(config)
-    startup.mark("config and tokenizer")
+    Vocab = hax.Axis("vocab", max(recipe.vocab_size or 0, data.the_vocab_size))
+    models = _Models(recipe, model_config, Vocab, config.trainer.seed)
+    fields = batch_fields(data)
 
-    # trackers are created before any other thread starts: the tensorboard tracker hides torch while it imports
-    tracker = init_trackers(tcfg.tracker, record.run_id)
-    startup.mark("trackers")
-    # Until the first step, four things proceed at once (XLA compiles and tokenizers release the GIL): the
-    # run record (git, pip freeze), the token caches (built in their own threads; the datasets wait for the
-    # first rows), the compilation of the training step, and on this thread the initial state and checkpoint.
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ponente-startup") as pool:
-        recorded = startup.background(pool, "run record", record.write, tracker)
-        checkpointer = tcfg.checkpointer.create(record.run_id, metadata=record.provenance)
-        outputs = output_locations(record, checkpoints=checkpointer.run_path, trackers=tcfg.tracker)
-        data_seed = tcfg.seed if config.data_seed is None else config.data_seed
-        build_caches_once(data, tcfg)
+    def datasets(seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
+        return data.train_set(seq_len, seed=seed, batch_size=batch_size), data.validation_sets(seq_len)
 
-        def datasets() -> tuple[Any, dict[str, Any]]:
-            train_set = data.train_set(seq_len, seed=data_seed, batch_size=tcfg.train_batch_size)
-            return train_set, data.validation_sets(seq_len)
+    def pretrained(mp: Any) -> Any:
+        assert recipe.initialize_from_hf is not None
+        weights = load_hf_weights(recipe.initialize_from_hf, model_config, mp, allow_pickle=recipe.allow_pickle)
+        return models.adapted(weights)
 
-        data_ready = startup.background(pool, "datasets (first cache rows)", datasets)
-        trainer = Trainer(
-            tcfg,
-            config.optimizer.build(tcfg.num_train_steps),
-            _loss_fn(recipe),
-            lr_schedule=config.optimizer.lr_scheduler(tcfg.num_train_steps),
-            log_fn=lambda metrics, step: tracker.log(metrics, step=step),
-            flops_per_token=model_config.flops_per_token(data.the_vocab_size),
-        )
-        rows = trainer.process_batch_rows()  # this process loads only the rows of its own devices
-        Vocab = hax.Axis("vocab", max(recipe.vocab_size or 0, data.the_vocab_size))
-        models = _Models(recipe, model_config, Vocab, tcfg.seed)
-        state = trainer.initial_state(models.build, is_trainable=models.is_trainable())
-        startup.mark("model and optimizer init")
-        # the initial state's shapes and shardings are those of the loaded weights and of any checkpoint restored
-        compile_args = (state, placeholder_batch(rows, seq_len, fields=batch_fields(data)))
-        step_compiled: Future[Any] = startup.background(
-            pool, "train step compile", trainer.compile_step, *compile_args
-        )
-        if recipe.initialize_from_hf and tcfg.initialize_from is None:
-            weights = load_hf_weights(recipe.initialize_from_hf, model_config, trainer.mp)
-            state = replace_model(state, models.adapted(weights), what="initialize_from_hf")
-            startup.mark("hugging face weights")
-        state, resumed_from = restore(state, tcfg, checkpointer, record.provenance)
-        startup.mark("checkpoint restore")
-        recorded.result()
-        # the log then holds each step once: records a killed run wrote after its last checkpoint are dropped
-        tracker.resume_from(int(state.step))
-        if recipe.trainable is not None:
-            tracker.log_summary(_parameter_counts(state))
-        train_set, validation = data_ready.result()
-        step_compiled.result()
-        startup.mark("waiting for the background work")
-
-    evaluator = Evaluator(trainer, validation, tcfg.max_eval_batches)
-    losses: list[float] = []
-
-    def on_step(info: Any) -> None:
-        startup.first_step()
-        if not info.final:
-            losses.append(info.loss)
-            checkpointer.on_step(info.state, info.step)
-            every = recipe.export_every
-            if recipe.export is not None and every and info.step % every == 0 and info.step < tcfg.num_train_steps:
-                recipe.export(info.state.model, f"step-{info.step}")  # the last step's export is the final one
-
-    trainer.hooks.append(as_hook(on_step))
-    if recipe.viz_logprobs is not None:
-        trainer.hooks.append(
-            logprob_pages(
-                recipe.viz_logprobs,
-                datasets=validation,
-                tokenizer=data.the_tokenizer,
-                tracker=tracker,
-                run_id=record.run_id,
-                run_dir=record.run_dir,
-                steps_per_eval=tcfg.steps_per_eval,
-                mesh=trainer.mesh,
-                eval_model=lambda model: trainer.mp.cast_to_compute(models.for_eval(model)),
+    def hooks(context: RunContext) -> list[Any]:
+        found = []
+        if recipe.viz_logprobs is not None:
+            found.append(
+                logprob_pages(
+                    recipe.viz_logprobs,
+                    datasets=context.validation,
+                    tokenizer=data.the_tokenizer,
+                    tracker=context.tracker,
+                    run_id=context.record.run_id,
+                    run_dir=context.record.run_dir,
+                    steps_per_eval=context.trainer.config.steps_per_eval,
+                    mesh=context.trainer.mesh,
+                    eval_model=context.eval_model,
+                )
             )
-        )
-    if recipe.eval_harness is not None:
-        trainer.hooks.append(
-            eval_harness_hook(
-                recipe.eval_harness,
-                tokenizer=data.the_tokenizer,
-                tracker=tracker,
-                vocab_size=data.the_vocab_size,
-                mesh=trainer.mesh,
-                axis_mapping=trainer.compute_axis_mapping,
-                parameter_axis_mapping=trainer.parameter_axis_mapping,
-                eval_model=lambda model: trainer.mp.cast_to_compute(models.for_eval(model)),
+        if recipe.eval_harness is not None:
+            found.append(
+                eval_harness_hook(
+                    recipe.eval_harness,
+                    tokenizer=data.the_tokenizer,
+                    tracker=context.tracker,
+                    vocab_size=data.the_vocab_size,
+                    mesh=context.trainer.mesh,
+                    axis_mapping=context.trainer.compute_axis_mapping,
+                    parameter_axis_mapping=context.trainer.parameter_axis_mapping,
+                    eval_model=context.eval_model,
+                )
             )
-        )
-    state = train_on(trainer, state, train_set, rows=rows, eval_fn=evaluator if validation else None)
-    stopped = trainer.last_stop_reason
-    steps = int(state.step)
-    checkpoint_path = final_checkpoint(checkpointer, state)
+        return found
 
-    if recipe.export is not None and stopped is None:
-        outputs.update(recipe.export(state.model, None))
-    sample = None
-    if recipe.sample is not None and recipe.sample.num_tokens > 0 and stopped is None:
+    sample_config = recipe.sample
+
+    def finish(state: Any, context: RunContext) -> str | None:
+        if sample_config is None or sample_config.num_tokens <= 0:
+            return None
         key = jax.random.fold_in(state.training_key, 1)
-        sample = sample_text(state.model, data.the_tokenizer, data.the_vocab_size, recipe.sample, key)
-        tracker.log_summary({"sample": sample})
-    final_loss = losses[-1] if losses else None
-    finish_trackers(tracker, steps=steps, final_loss=final_loss, eval_loss=evaluator.last)
-    return TrainResult(
-        run_id=record.run_id,
-        steps=steps,
-        final_loss=final_loss,
-        eval_loss=dict(evaluator.last),
-        checkpoint=checkpoint_path,
-        resumed_from=resumed_from,
-        hf_path=outputs.get("hugging face export"),
-        sample=sample,
-        stopped=stopped,
-        outputs=outputs,
+        sample = sample_text(state.model, data.the_tokenizer, data.the_vocab_size, sample_config, key)
+        context.tracker.log_summary({"sample": sample})
+        return sample
+
+    task = RunTask(
+        model_config=model_config,
+        build=models.build,
+        loss_fn=_loss_fn(recipe),
+        make_batch=lm_batch,
+        placeholder_rows=lambda n: placeholder_rows(n, seq_len, fields=fields),
+        datasets=datasets,
+        is_trainable=models.is_trainable(),
+        flops_per_token=model_config.flops_per_token(data.the_vocab_size),
+        pretrained=pretrained if recipe.initialize_from_hf else None,
+        hooks=hooks,
+        export=recipe.export,
+        export_every=recipe.export_every,
+        finish=finish,
+        log_parameter_counts=recipe.trainable is not None,
+        eval_model=models.for_eval,
     )
+    return run_task(config, task, startup)
 
 
 class _Models:
@@ -354,20 +293,3 @@ def _loss_fn(recipe: LmRecipe) -> Callable[..., Any]:
         return loss_fn(step_model(model, key), batch, key=key)
 
     return loss_on_step_model
-
-
-def _parameter_counts(state: Any) -> dict[str, float]:
-    """``parameter_count``, ``trainable_parameter_count`` and ``fraction_trainable`` of a state (Levanter's names)."""
-    import equinox as eqx
-    import jax
-
-    def count(tree: Any) -> int:
-        return sum(int(x.size) for x in jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_inexact_array)))
-
-    total = count(state.model)
-    trainable = count(state.trainable_model)
-    return {
-        "parameter_count": total,
-        "trainable_parameter_count": trainable,
-        "fraction_trainable": trainable / max(total, 1),
-    }

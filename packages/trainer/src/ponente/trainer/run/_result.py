@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from ._signals import PREEMPTED_EXIT_CODE
+from ._signals import NONFINITE_STOP, stop_exit_code
 
 __all__ = ["TrainResult", "print_result"]
 
@@ -25,6 +25,8 @@ class TrainResult:
         sample: the sampled text (None if not sampled).
         stopped: the reason the run stopped early (None when all steps ran).
         outputs: named locations the run wrote (logs, checkpoints, ...).
+        exit_code: the process exit status the run asks for (None: from ``stopped``, see
+            :func:`~ponente.trainer.run.stop_exit_code`; runs set it from ``trainer.preemption_exit_code``).
     """
 
     run_id: str
@@ -37,14 +39,16 @@ class TrainResult:
     sample: str | None
     stopped: str | None
     outputs: dict[str, str]
+    exit_code: int | None = None
 
 
 def print_result(result: TrainResult) -> int:
     """Print what the run produced (stdout; an early stop on stderr) and return the process exit code.
 
     Returns:
-        0 when every step ran, :data:`PREEMPTED_EXIT_CODE` when the run stopped early (SIGTERM, Ctrl-C) after
-        saving its checkpoint: running it again resumes.
+        ``result.exit_code`` if set, else 0 when every step ran, the preemption exit code (0) when the run stopped
+        early (SIGTERM, Ctrl-C) after saving its checkpoint (running it again resumes), 1 when it stopped on a
+        non-finite loss (printed as ``error: <reason>``).
     """
     print(f"run {result.run_id}: {result.steps} steps, final train loss {result.final_loss}")
     for name, loss in result.eval_loss.items():
@@ -57,7 +61,12 @@ def print_result(result: TrainResult) -> int:
         print("  sample:")
         for line in result.sample.splitlines():
             print(f"    {line}")
+    code = result.exit_code if result.exit_code is not None else stop_exit_code(result.stopped)
     if result.stopped is not None:
-        print(f"stopped early: {result.stopped}", file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
-    return 0
+        sys.stdout.flush()
+        if result.stopped.startswith(NONFINITE_STOP):
+            saved = f"; the last good state is saved in {result.checkpoint}" if result.checkpoint else ""
+            print(f"error: stopped: {result.stopped}{saved}", file=sys.stderr)
+        else:
+            print(f"stopped early: {result.stopped}", file=sys.stderr)
+    return code

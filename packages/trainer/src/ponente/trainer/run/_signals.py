@@ -1,5 +1,6 @@
 """Preemption: the first ``SIGTERM`` stops training at the next step boundary (the run then checkpoints and exits
-with :data:`PREEMPTED_EXIT_CODE`); a second one ends the process at once."""
+with ``trainer.preemption_exit_code``, 0 by default); a second one ends the process at once. Also how an early
+stop maps to an exit status (:func:`stop_exit_code`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,41 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["PREEMPTED_EXIT_CODE", "stop_on_sigterm"]
+__all__ = ["NONFINITE_STOP", "PREEMPTED_EXIT_CODE", "stop_exit_code", "stop_on_sigterm"]
 
 logger = logging.getLogger("ponente.trainer.run")
 
-PREEMPTED_EXIT_CODE = 75
-"""Exit code of a run stopped by SIGTERM after saving its checkpoint (EX_TEMPFAIL: try again later)."""
+PREEMPTED_EXIT_CODE = 0
+"""The default exit code of a run stopped by SIGTERM or Ctrl-C after saving its checkpoint
+(``trainer.preemption_exit_code``)."""
+
+NONFINITE_STOP = "non-finite loss"
+"""How the stop reason of a run ended by a NaN/Inf loss (``trainer.on_nonfinite_loss: stop``) begins."""
+
+
+def stop_exit_code(stopped: str | None, preemption_exit_code: int = PREEMPTED_EXIT_CODE) -> int:
+    """The exit status of a run that ended for ``stopped`` (None: every step ran).
+
+    Args:
+        stopped: the run's stop reason (``TrainResult.stopped``): ``"SIGTERM"``, ``"SIGINT"``, or one starting
+            with :data:`NONFINITE_STOP`.
+        preemption_exit_code: ``trainer.preemption_exit_code``.
+
+    Returns:
+        0 when every step ran, ``preemption_exit_code`` after a SIGTERM or Ctrl-C (the checkpoint is saved:
+        running again resumes), 1 after a non-finite loss (an error: the checkpoint holds the last good state).
+
+    Example:
+        >>> stop_exit_code(None), stop_exit_code("SIGTERM"), stop_exit_code("SIGTERM", 75)
+        (0, 0, 75)
+        >>> stop_exit_code("non-finite loss: step 7: non-finite loss=nan")
+        1
+    """
+    if stopped is None:
+        return 0
+    if stopped.startswith(NONFINITE_STOP):
+        return 1
+    return preemption_exit_code
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from ..checkpoint import CheckpointerConfig
 from ..distributed import DistributedConfig, RayConfig
@@ -45,7 +45,16 @@ class TrainerConfig:
         axis_resources: extra compute mapping entries (logical -> mesh axis), overriding the defaults.
         parameter_axis_resources: extra parameter mapping entries, overriding the defaults.
         compilation_cache_dir: JAX's persistent compilation cache (None: leave JAX's setting alone).
-        crash_on_nan: raise :class:`NonFiniteLossError` on a NaN/Inf loss or gradient norm (else log it).
+        on_nonfinite_loss: what a step whose loss or gradient norm is NaN/Inf does. ``"skip"``: its update is not
+            applied (parameters and optimizer state stay as they were; the step counter and the data position
+            advance past the bad batch), the step is logged as an error and counted in ``train/skipped_steps``.
+            ``"stop"``: the step is undone and :meth:`Trainer.train` raises :class:`NonFiniteLossError` naming
+            the step; a run (``ponente-train``, ...) then saves a checkpoint of the last good state and exits 1.
+        crash_on_nan: Levanter's spelling: ``true`` means ``on_nonfinite_loss: stop``, ``false`` means ``skip``
+            (None: use ``on_nonfinite_loss``); when set, it replaces ``on_nonfinite_loss``.
+        preemption_exit_code: the exit status of a run stopped by SIGTERM (or Ctrl-C) after it saved its
+            checkpoint; 0 by default (a scheduler that restarts on failure should see success), e.g. 75 (EX_TEMPFAIL)
+            for one that requeues on a non-zero status.
         progress_bar: show a tqdm progress bar (only when stderr is a terminal).
         tracker: where metrics go: one tracker config or a list of them (``type``: ``json``,
             ``tensorboard``, ``wandb``, ``noop``).
@@ -85,7 +94,9 @@ class TrainerConfig:
     parameter_axis_resources: dict[str, str] = dataclasses.field(default_factory=dict)
 
     compilation_cache_dir: str | None = DEFAULT_CACHE_DIR
-    crash_on_nan: bool = True
+    on_nonfinite_loss: Literal["skip", "stop"] = "skip"
+    crash_on_nan: bool | None = None
+    preemption_exit_code: int = 0
     progress_bar: bool = True
 
     tracker: TrackerConfig | tuple[TrackerConfig, ...] = dataclasses.field(default_factory=JsonTrackerConfig)
@@ -103,6 +114,13 @@ class TrainerConfig:
         if self.wandb is not None:  # the frozen config holds one spelling: the tracker
             object.__setattr__(self, "tracker", self.wandb)
             object.__setattr__(self, "wandb", None)
+        if self.crash_on_nan is not None:  # the frozen config holds one spelling: on_nonfinite_loss
+            object.__setattr__(self, "on_nonfinite_loss", "stop" if self.crash_on_nan else "skip")
+            object.__setattr__(self, "crash_on_nan", None)
+        if self.on_nonfinite_loss not in ("skip", "stop"):
+            raise ValueError(f"trainer.on_nonfinite_loss must be 'skip' or 'stop', got {self.on_nonfinite_loss!r}")
+        if not 0 <= self.preemption_exit_code <= 255:
+            raise ValueError(f"trainer.preemption_exit_code must be in 0..255, got {self.preemption_exit_code}")
         if self.train_batch_size == -1 and self.per_device_parallelism == -1:
             raise ValueError("trainer.train_batch_size: -1 needs trainer.per_device_parallelism (examples per device)")
         positive = {

@@ -42,7 +42,18 @@ metrics are weighted by its number of loss tokens (see :class:`Trainer`)."""
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss or the gradient norm of a step is NaN or infinite (see ``TrainerConfig.crash_on_nan``)."""
+    """The loss or the gradient norm of a step is NaN or infinite and ``trainer.on_nonfinite_loss`` is ``"stop"``.
+
+    Attributes:
+        step: the step whose loss was not finite (the count of completed steps it would have made).
+        state: the last good state (the bad step's update was not applied), e.g. to checkpoint it; None when the
+            error was raised outside :meth:`Trainer.train`.
+    """
+
+    def __init__(self, message: str, *, step: int = 0, state: Any = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.state = state
 
 
 class _ByIdentity:
@@ -155,6 +166,7 @@ class Trainer:
             loss_weight_fn=self.loss_weight_fn,
             optimizer_metrics_fn=self.optimizer_metrics_fn,
             lr_schedule=lr_schedule,
+            on_nonfinite_loss=config.on_nonfinite_loss,
         )
         self._step = named_jit(
             step.train,
@@ -171,6 +183,8 @@ class Trainer:
         self._stop_reason: str | None = None
         self.last_stop_reason: str | None = None
         """Why the last :meth:`train` call stopped early (e.g. ``"SIGINT"``), or None if it ran to the end."""
+        self.skipped_steps = 0
+        """Steps whose update was dropped for a non-finite loss or gradient norm (``on_nonfinite_loss: skip``)."""
 
     def _microbatches(self, batch_size: int, per_device: int, what: str) -> int:
         data = self.data_axis_size
@@ -474,7 +488,8 @@ class Trainer:
             The final state.
 
         Raises:
-            NonFiniteLossError: on a NaN/Inf loss or gradient norm when ``crash_on_nan``.
+            NonFiniteLossError: on a NaN/Inf loss or gradient norm when ``on_nonfinite_loss`` is ``"stop"``; its
+                ``state`` is the last good state (with ``"skip"`` the step's update is dropped and counted).
             ValueError: if the loader's step does not match the state's step.
             KeyboardInterrupt: on a second Ctrl-C.
         """
@@ -507,8 +522,9 @@ class Trainer:
                     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
                     t2 = time.perf_counter()
                     step = data_step + 1
-                    self._check_finite(metrics, step)
+                    self._check_finite(metrics, step, state)
                     logged = self._step_metrics(metrics, tokens, examples, t2 - t1, t1 - t0, peak, num_devices)
+                    logged["train/skipped_steps"] = float(self.skipped_steps)
                     if self.log_fn is not None:
                         self.log_fn(logged, step)
                     last = StepInfo(state, step, metrics["loss"], logged, t2 - t1, t1 - t0)
@@ -554,14 +570,25 @@ class Trainer:
 
         return tqdm(total=self.config.num_train_steps, initial=start, desc="train", unit="step")
 
-    def _check_finite(self, metrics: Mapping[str, float], step: int) -> None:
+    def _check_finite(self, metrics: Mapping[str, float], step: int, state: TrainerState) -> None:
+        """Count a skipped step, or raise with the last good state (the step itself dropped the update)."""
         bad = {k: metrics[k] for k in ("loss", "grad_norm") if k in metrics and not math.isfinite(metrics[k])}
         if not bad:
             return
         message = f"step {step}: non-finite {', '.join(f'{k}={v}' for k, v in bad.items())}"
-        if self.config.crash_on_nan:
-            raise NonFiniteLossError(message + " (set trainer.crash_on_nan=false to continue anyway)")
-        logger.error("%s; continuing because trainer.crash_on_nan is false", message)
+        if self.config.on_nonfinite_loss == "stop":
+            raise NonFiniteLossError(
+                message + f"; its update was not applied, the state is that of step {step - 1} "
+                "(trainer.on_nonfinite_loss: stop)",
+                step=step,
+                state=state,
+            )
+        self.skipped_steps += 1
+        logger.error(
+            "%s; its update was skipped (%d skipped step(s) so far; trainer.on_nonfinite_loss: skip)",
+            message,
+            self.skipped_steps,
+        )
 
     def _step_metrics(
         self,

@@ -34,6 +34,25 @@ def _loss_and_metrics(out: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     return _scalar(out), {}
 
 
+def _select(finite: jax.Array, new: Any, old: Any) -> Any:
+    if not eqx.is_array(new):
+        return new
+    if jax.dtypes.issubdtype(new.dtype, jax.dtypes.prng_key):
+        data = jnp.where(finite, jax.random.key_data(new), jax.random.key_data(old))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(new))
+    return jnp.where(finite, new, old)
+
+
+def _keep_if_finite(finite: jax.Array, new: TrainerState, old: TrainerState) -> TrainerState:
+    """``new`` where ``finite`` is true, else ``old``, leaf by leaf (typed PRNG keys included).
+
+    An element-wise select rather than ``lax.cond``: XLA fuses it into the update that computes ``new``, so
+    the guard costs no extra copy of the parameters or the optimizer state.
+    """
+    kept: TrainerState = jax.tree_util.tree_map(lambda a, b: _select(finite, a, b), new, old)
+    return kept
+
+
 class TrainStep:
     """The functions a :class:`Trainer` compiles: :meth:`train` (one optimizer step) and :meth:`eval` (one batch).
 
@@ -52,6 +71,9 @@ class TrainStep:
         loss_weight_fn: the weight of a (micro)batch.
         optimizer_metrics_fn: metrics read from the new optimizer state.
         lr_schedule: the learning-rate schedule for the ``learning_rate`` metric (None: read it from the state).
+        on_nonfinite_loss: ``"skip"``: a step whose loss or gradient norm is not finite keeps the parameters and
+            optimizer state (the step counter and the training key advance); ``"stop"``: such a step returns
+            the state it was given, unchanged.
     """
 
     def __init__(
@@ -66,6 +88,7 @@ class TrainStep:
         loss_weight_fn: Callable[[Any], Any],
         optimizer_metrics_fn: Callable[[Any], Mapping[str, Any]],
         lr_schedule: optax.Schedule | None,
+        on_nonfinite_loss: str = "skip",
     ):
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -76,6 +99,7 @@ class TrainStep:
         self.loss_weight_fn = loss_weight_fn
         self.optimizer_metrics_fn = optimizer_metrics_fn
         self.lr_schedule = lr_schedule
+        self.on_nonfinite_loss = on_nonfinite_loss
 
     def _loss_and_grad(
         self, trainable: Any, rest: Any, batch: Any, key: jax.Array
@@ -143,10 +167,18 @@ class TrainStep:
         new_state = dataclasses.replace(
             state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
         )
+        grad_norm = optax.tree.norm(grads)
+        # a NaN/Inf loss or gradient never reaches the parameters: the update is dropped here, inside the step
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        if self.on_nonfinite_loss == "skip":
+            unchanged = dataclasses.replace(state, step=state.step + 1, training_key=next_key)
+        else:
+            unchanged = state
+        new_state = _keep_if_finite(finite, new_state, unchanged)
         metrics = {
             **extra,
             "loss": loss,
-            "grad_norm": optax.tree.norm(grads),
+            "grad_norm": grad_norm,
             **self.optimizer_metrics_fn(opt_state),
         }
         lr = self._learning_rate(state)

@@ -1,0 +1,120 @@
+"""Train Whisper for speech recognition: ``python -m ponente.trainer.main.train_asr --config_path whisper_tiny_digits``
+(``ponente-train-asr``; Levanter's ``train_asr``).
+
+The configuration is a :class:`TrainAsrConfig` (``data``, ``model``, ``trainer``, ``optimizer`` sections) read from
+YAML files and dotted overrides; ``--help`` lists every field. A run:
+
+1. opens (or builds, in the background) the caches of ``data`` (an ``AsrDatasetConfig``): log-mel features of
+   each clip, padded or cut to ``data.chunk_seconds``, and its tokenised transcript after Whisper's prompt;
+2. builds the Whisper model of ``model`` (or of ``initialize_from_hf``'s config, and its weights), or resumes;
+3. trains with every trainer feature (mixed precision, sharding, checkpoints, bitwise resume, trackers), the loss
+   being the next-token cross-entropy of the transcript given the audio; every ``trainer.steps_per_eval`` steps
+   it logs ``eval/<name>/loss`` and the greedy word error rate ``eval/<name>/wer`` of the first
+   ``wer.max_examples`` validation clips (their transcripts go to ``<run_dir>/transcripts/``);
+4. saves a final checkpoint and, with ``hf_save_path``, a Hugging Face folder that
+   ``transformers.WhisperForConditionalGeneration`` and ``WhisperProcessor`` load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from ponente.models.whisper import WhisperConfig
+from ponente.trainer import run
+from ponente.trainer.data import AsrDatasetConfig
+from ponente.trainer.optim import AdamConfig, OptimizerConfig
+from ponente.trainer.run import TrainResult, WerConfig
+from ponente.trainer.trainer import TrainerConfig
+
+__all__ = ["TrainAsrConfig", "WerConfig", "main", "recipe", "train"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainAsrConfig:
+    """Everything a speech-recognition training run reads (Levanter's ``TrainASRConfig`` keys).
+
+    Attributes:
+        data: the speech corpus, its Whisper tokenizer, feature settings and cache.
+        model: the Whisper config (Hugging Face's field names; e.g. ``d_model``, ``encoder_layers``, ...).
+        trainer: batch size, steps, mixed precision, mesh, tracker, checkpointer, evaluation cadence.
+        optimizer: ``optimizer.type``, learning rate, schedule.
+        initialize_from_hf: a Hugging Face Whisper checkpoint folder or hub id (``openai/whisper-tiny``) whose
+            weights start the run.
+        use_hf_model_config: with ``initialize_from_hf``, take the model config from the checkpoint (None: yes when
+            ``initialize_from_hf`` is set).
+        allow_pickle: let ``initialize_from_hf`` load pickle weights (``pytorch_model.bin``) without safetensors.
+        data_seed: seed of the data order (None: ``trainer.seed``).
+        hf_save_path: if set, export the final model as a Hugging Face folder there.
+        hf_save_steps: also export every this many steps (needs ``hf_save_path``).
+        wer: the word error rate measured at each evaluation (``max_examples: 0``: none).
+    """
+
+    data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
+    model: WhisperConfig = dataclasses.field(default_factory=WhisperConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=AdamConfig)
+    initialize_from_hf: str | None = None
+    use_hf_model_config: bool | None = None
+    allow_pickle: bool = False
+    data_seed: int | None = None
+    hf_save_path: str | None = None
+    hf_save_steps: int | None = None
+    wer: WerConfig = dataclasses.field(default_factory=WerConfig)
+
+    def __post_init__(self) -> None:
+        if self.hf_save_steps is not None and self.hf_save_path is None:
+            raise ValueError("hf_save_steps is set but hf_save_path is not; set hf_save_path too")
+        if self.use_hf_model_config and self.initialize_from_hf is None:
+            raise ValueError("use_hf_model_config needs initialize_from_hf")
+
+
+def train(config: TrainAsrConfig) -> TrainResult:
+    """Run training as configured (see the module docstring).
+
+    Args:
+        config: the resolved configuration.
+
+    Returns:
+        What the run produced.
+
+    Raises:
+        ValueError: for a configuration that cannot run (no training data, no tokenizer, data that do not fit the
+            model, a resume that changes a field that must stay fixed, ...), naming the key.
+        FileNotFoundError: if ``trainer.load_checkpoint`` is true and there is no checkpoint.
+    """
+    startup = run.start_run(config.trainer)
+    run.check_training_data(config.data, hint="the packaged example: --config_path whisper_tiny_digits")
+    config.data.the_tokenizer  # noqa: B018  (fails early, naming data.tokenizer)
+    return run.train_speech_model(config, recipe(config), startup)
+
+
+def recipe(config: TrainAsrConfig) -> run.AsrRecipe:
+    """What a :class:`TrainAsrConfig` trains and exports.
+
+    Returns:
+        The recipe for :func:`ponente.trainer.run.train_speech_model`.
+    """
+    model_config = config.model
+    if config.initialize_from_hf and config.use_hf_model_config is not False:
+        model_config = run.hf_whisper_config(config.initialize_from_hf)
+    export = None
+    if config.hf_save_path:
+        export = run.whisper_exporter(config.hf_save_path, tokenizer=config.data.the_tokenizer, data=config.data)
+    return run.AsrRecipe(
+        model_config=model_config,
+        initialize_from_hf=config.initialize_from_hf,
+        allow_pickle=config.allow_pickle,
+        export=export,
+        export_every=config.hf_save_steps,
+        wer=config.wer,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the entry point; returns the process exit code."""
+    return run.command_line_main(train, TrainAsrConfig, argv, prog="ponente-train-asr")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
