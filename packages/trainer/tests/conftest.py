@@ -3,6 +3,10 @@
 import gzip
 import importlib.resources
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +112,47 @@ def tiny_lm_run_overrides(tmp_path: Path):
         return tiny_overrides(where, train, validation, steps)
 
     return make
+
+
+class TrainLmProcess:
+    """One ``python -m ponente.trainer.main.train_lm --config_path config.yaml`` subprocess in ``directory``.
+
+    Its output goes to files; a wait fails the test (with the end of its stderr) after ``timeout`` seconds.
+    """
+
+    def __init__(
+        self, directory: Path, attempt: int, env: dict[str, str] | None = None, *, timeout: float = 300.0
+    ) -> None:
+        self.timeout = timeout
+        self.directory = directory
+        self.stderr_path = directory / f"stderr-{attempt}.txt"
+        self.stdout_path = directory / f"stdout-{attempt}.txt"
+        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ponente.trainer.main.train_lm", "--config_path", "config.yaml"],
+                stdout=out,
+                stderr=err,
+                env={**os.environ, **(env or {})},
+                cwd=directory,
+            )
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_until(self, condition: Any, what: str) -> None:
+        """Poll ``condition()`` until it holds; fail if the process exits first or it takes too long."""
+        deadline = time.monotonic() + self.timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                pytest.fail(f"the run exited ({self.proc.returncode}) before {what}:\n{self.stderr()[-3000:]}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail(f"timed out waiting for {what}:\n{self.stderr()[-3000:]}")
+            time.sleep(0.05)
+
+    def finish(self) -> int:
+        try:
+            return self.proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"the run did not finish:\n{self.stderr()[-3000:]}")

@@ -10,18 +10,15 @@ folder hold the same bytes, and the local one loads in ``transformers``.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_corpus, tiny_overrides, write_config
+from conftest import TrainLmProcess, tiny_corpus, tiny_overrides, write_config
 from s3_support import S3Bucket, s3_bucket_fixture  # noqa: F401  (the s3_bucket fixture)
 
 import ponente.namedtensor as hax
@@ -36,41 +33,6 @@ from ponente.trainer.trainer import Trainer
 STEPS = 6
 EVERY = 2
 TIMEOUT = 300.0
-
-
-class _Run:
-    """One ``python -m ponente.trainer.main.train_lm`` subprocess (it inherits the AWS environment)."""
-
-    def __init__(self, directory: Path, attempt: int, env: dict[str, str] | None = None) -> None:
-        self.stderr_path = directory / f"stderr-{attempt}.txt"
-        with (directory / f"stdout-{attempt}.txt").open("w") as out, self.stderr_path.open("w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ponente.trainer.main.train_lm", "--config_path", "config.yaml"],
-                stdout=out,
-                stderr=err,
-                env={**os.environ, **(env or {})},
-                cwd=directory,
-            )
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def wait_until(self, condition: Any, what: str) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while not condition():
-            if self.proc.poll() is not None:
-                pytest.fail(f"the run exited ({self.proc.returncode}) before {what}:\n{self.stderr()[-3000:]}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                pytest.fail(f"timed out waiting for {what}:\n{self.stderr()[-3000:]}")
-            time.sleep(0.1)
-
-    def finish(self) -> int:
-        try:
-            return self.proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            pytest.fail(f"the run did not finish:\n{self.stderr()[-3000:]}")
 
 
 def _losses(directory: Path) -> list[tuple[int, float]]:
@@ -127,7 +89,7 @@ def test_train_checkpoint_kill_resume_and_export_on_s3(s3_bucket: S3Bucket, tmp_
 
     # 1. the reference: uninterrupted, exporting its final model to the bucket
     ref_overrides = overrides("reference", f"hf_save_path={s3_bucket.url('exports/reference')}")
-    reference = _Run(tmp_path / "reference", 0)
+    reference = TrainLmProcess(tmp_path / "reference", 0, timeout=TIMEOUT)
     assert reference.finish() == 0, reference.stderr()[-3000:]
     ref_run = s3_bucket.url("reference/ckpt/tiny")
     assert _committed(ref_run) == list(range(EVERY, STEPS + 1, EVERY))
@@ -141,7 +103,7 @@ def test_train_checkpoint_kill_resume_and_export_on_s3(s3_bucket: S3Bucket, tmp_
     # 2. kill -9 while the second checkpoint's arrays are in the bucket but not committed
     overrides("interrupted")
     run_path = s3_bucket.url("interrupted/ckpt/tiny")
-    first = _Run(tmp_path / "interrupted", 1, env={SLOW_CHECKPOINT_ENV: "8"})
+    first = TrainLmProcess(tmp_path / "interrupted", 1, env={SLOW_CHECKPOINT_ENV: "8"}, timeout=TIMEOUT)
     first.wait_until(
         lambda: first.stderr().count("waiting before the commit") >= 2 and _committed(run_path) == [EVERY],
         "a second checkpoint in flight",
@@ -159,7 +121,7 @@ def test_train_checkpoint_kill_resume_and_export_on_s3(s3_bucket: S3Bucket, tmp_
     assert int(load_checkpoint(template, previous).step) == EVERY
 
     # 3. the next run resumes from it and ends where the reference did, bit for bit
-    second = _Run(tmp_path / "interrupted", 2)
+    second = TrainLmProcess(tmp_path / "interrupted", 2, timeout=TIMEOUT)
     assert second.finish() == 0, second.stderr()[-3000:]
     assert f"resuming from {previous}" in second.stderr()
     assert _losses(tmp_path / "interrupted") == _losses(tmp_path / "reference")

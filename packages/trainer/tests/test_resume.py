@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import pytest
-from conftest import write_config
+from conftest import TrainLmProcess, write_config
 
 import ponente.namedtensor as hax
 from ponente.trainer.checkpoint import (
@@ -41,7 +37,6 @@ from ponente.trainer.trainer import Trainer
 
 STEPS = 12
 EVERY = 3
-TIMEOUT = 240.0
 
 
 def _overrides(make: Any, directory: Path) -> list[str]:
@@ -51,44 +46,6 @@ def _overrides(make: Any, directory: Path) -> list[str]:
         f"trainer.checkpointer.keep=[{{every: {EVERY}}}]",
         "trainer.progress_bar=false",
     ]
-
-
-class _Run:
-    """One ``python -m ponente.trainer.main.train_lm`` subprocess, its output going to files."""
-
-    def __init__(self, directory: Path, attempt: int, env: dict[str, str] | None = None) -> None:
-        self.directory = directory
-        self.stderr_path = directory / f"stderr-{attempt}.txt"
-        self.stdout_path = directory / f"stdout-{attempt}.txt"
-        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ponente.trainer.main.train_lm", "--config_path", "config.yaml"],
-                stdout=out,
-                stderr=err,
-                env={**os.environ, **(env or {})},
-                cwd=directory,
-            )
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def wait_until(self, condition: Any, what: str) -> None:
-        """Poll ``condition()`` until it holds; fail if the process exits first or it takes too long."""
-        deadline = time.monotonic() + TIMEOUT
-        while not condition():
-            if self.proc.poll() is not None:
-                pytest.fail(f"the run exited ({self.proc.returncode}) before {what}:\n{self.stderr()[-3000:]}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                pytest.fail(f"timed out waiting for {what}:\n{self.stderr()[-3000:]}")
-            time.sleep(0.05)
-
-    def finish(self) -> int:
-        try:
-            return self.proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            pytest.fail(f"the run did not finish:\n{self.stderr()[-3000:]}")
 
 
 def _records(directory: Path) -> list[dict[str, Any]]:
@@ -153,7 +110,7 @@ def reference(tiny_lm_shared: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     directory = tmp_path_factory.mktemp("reference")
     overrides = _overrides(tiny_lm_shared, directory)
     write_config(directory, overrides)
-    run = _Run(directory, 0)
+    run = TrainLmProcess(directory, 0)
     assert run.finish() == 0, run.stderr()[-3000:]
     ref = _Reference(directory, overrides)
     assert [s for s, _ in ref.losses] == list(range(1, STEPS + 1))
@@ -192,14 +149,14 @@ def test_kill_9_twice_once_during_an_async_save_resumes_bitwise(
 
     # 1. kill -9 at a random step after the first checkpoint
     kill_at = rng.randint(EVERY + 1, 2 * EVERY - 1)
-    first = _Run(tmp_path, 1)
+    first = TrainLmProcess(tmp_path, 1)
     first.wait_until(lambda: _last_step(tmp_path) >= kill_at and _committed_steps(tmp_path), f"step {kill_at}")
     first.proc.send_signal(signal.SIGKILL)
     assert first.finish() == -signal.SIGKILL
     resumed_step = _committed_steps(tmp_path)[-1]
 
     # 2. resume; kill -9 while the next checkpoint's arrays are written but not committed
-    second = _Run(tmp_path, 2, env={SLOW_CHECKPOINT_ENV: "120"})
+    second = TrainLmProcess(tmp_path, 2, env={SLOW_CHECKPOINT_ENV: "120"})
     second.wait_until(lambda: "waiting before the commit" in second.stderr(), "an in-flight save")
     second.proc.send_signal(signal.SIGKILL)
     assert second.finish() == -signal.SIGKILL
@@ -218,7 +175,7 @@ def test_kill_9_twice_once_during_an_async_save_resumes_bitwise(
     assert int(loaded.step) == meta["step"] == resumed_step
 
     # 3. resume to the end
-    third = _Run(tmp_path, 3)
+    third = TrainLmProcess(tmp_path, 3)
     assert third.finish() == 0, third.stderr()[-3000:]
     assert f"resuming from {previous}" in third.stderr()
     _check_matches(reference, tmp_path)
@@ -232,7 +189,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(
     overrides = _overrides(tiny_lm_shared, tmp_path)
     write_config(tmp_path, overrides)
     stop_at = random.Random(15).randint(2, STEPS - 2)
-    first = _Run(tmp_path, 1)
+    first = TrainLmProcess(tmp_path, 1)
     first.wait_until(lambda: _last_step(tmp_path) >= stop_at, f"step {stop_at}")
     first.proc.send_signal(signal.SIGTERM)
     assert first.finish() == PREEMPTED_EXIT_CODE, first.stderr()[-3000:]
@@ -241,7 +198,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(
     assert _committed_steps(tmp_path)[-1] == stopped  # the step boundary it stopped at was saved
     assert "stopped early: SIGTERM" in first.stderr()
 
-    second = _Run(tmp_path, 2)
+    second = TrainLmProcess(tmp_path, 2)
     assert second.finish() == 0, second.stderr()[-3000:]
     _check_matches(reference, tmp_path)
 

@@ -14,10 +14,17 @@ import dataclasses
 import posixpath
 from typing import TYPE_CHECKING, Any, Literal
 
-from ponente.datacache import AsrExampleDataset, AudioTranscriptProcessor, CacheDataset, Dataset, HFSource
+from ponente.datacache import AsrExampleDataset, AudioTranscriptProcessor, CacheDataset, Dataset
 from ponente.datacache.asr import TASKS, chunk_frames, whisper_prefix_tokens
 from ponente.trainer.data.cache_build import open_or_build, resolve_url
-from ponente.trainer.data.lm_dataset import SPLITS, _check_shuffle, _join, _load_tokenizer, _shuffled, derive_seed
+from ponente.trainer.data.lm_dataset import (
+    SPLITS,
+    SplitSources,
+    _check_shuffle,
+    _load_tokenizer,
+    _shuffled,
+    derive_seed,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -26,7 +33,7 @@ __all__ = ["AsrDatasetConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
-class AsrDatasetConfig:
+class AsrDatasetConfig(SplitSources):
     """One speech-recognition corpus: sources, Whisper tokenizer, features, cache, shuffle (Levanter's keys).
 
     Attributes:
@@ -199,30 +206,6 @@ class AsrDatasetConfig:
         return posixpath.dirname(first) if "://" in first else _local_dirname(first)
 
     # -- caches --------------------------------------------------------------------------------------
-
-    @property
-    def cache_name(self) -> str:
-        """The cache folder name under ``cache_dir``: ``name``, else ``id``, else ``"default"``."""
-        return self.name or self.id or "default"
-
-    def cache_path(self, split: str) -> str:
-        """Where split ``split`` is cached: ``<cache_dir>/<cache_name>/<split>``."""
-        return _join(self.cache_dir, self.cache_name, split)
-
-    def has_split(self, split: str) -> bool:
-        """Whether this config has a source for ``split`` (``"train"`` or ``"validation"``)."""
-        return self._source(split) is not None
-
-    def _source(self, split: str) -> list[str] | HFSource | None:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}: expected one of {list(SPLITS)}")
-        urls = self.train_urls if split == "train" else self.validation_urls
-        if urls:
-            return [resolve_url(u) for u in urls]
-        hf_split = self.train_split if split == "train" else self.validation_split
-        if self.id is not None and hf_split is not None:
-            return HFSource(self.id, split=hf_split, name=self.name)
-        return None
 
     def build_caches(self, split: str, *, background: bool = True, progress: bool = True) -> CacheDataset:
         """Build (or resume, or open) the cache of ``split`` at `cache_path` (as ``LMDatasetConfig.build_caches``).

@@ -109,8 +109,48 @@ def _join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+class SplitSources:
+    """Where the splits of a single-source data config come from and are cached (shared by the LM and ASR configs).
+
+    The class using it has the fields ``train_urls``, ``validation_urls``, ``cache_dir``, ``id``, ``name``,
+    ``train_split`` and ``validation_split``.
+    """
+
+    train_urls: list[str]
+    validation_urls: list[str]
+    cache_dir: str
+    id: str | None
+    name: str | None
+    train_split: str
+    validation_split: str | None
+
+    @property
+    def cache_name(self) -> str:
+        """The cache folder name under ``cache_dir``: ``name``, else ``id``, else ``"default"``."""
+        return self.name or self.id or "default"
+
+    def cache_path(self, split: str) -> str:
+        """Where split ``split`` is cached: ``<cache_dir>/<cache_name>/<split>``."""
+        return _join(self.cache_dir, self.cache_name, split)
+
+    def has_split(self, split: str) -> bool:
+        """Whether this config has a source for ``split`` (``"train"`` or ``"validation"``)."""
+        return self._source(split) is not None
+
+    def _source(self, split: str) -> list[str] | HFSource | None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}: expected one of {list(SPLITS)}")
+        urls = self.train_urls if split == "train" else self.validation_urls
+        if urls:
+            return [resolve_url(u) for u in urls]
+        hf_split = self.train_split if split == "train" else self.validation_split
+        if self.id is not None and hf_split is not None:
+            return HFSource(self.id, split=hf_split, name=self.name)
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
-class LMDatasetConfig:
+class LMDatasetConfig(SplitSources):
     """One text corpus for language-model training: sources, tokenizer, cache, shuffle (Levanter's keys).
 
     Attributes:
@@ -298,31 +338,7 @@ class LMDatasetConfig:
             )
         return TokenizerProcessor(tok, text_key=self.text_key, bos=bos, eos=eos)
 
-    # -- caches --------------------------------------------------------------------------------------
-
-    @property
-    def cache_name(self) -> str:
-        """The cache folder name under ``cache_dir``: ``name``, else ``id``, else ``"default"``."""
-        return self.name or self.id or "default"
-
-    def cache_path(self, split: str) -> str:
-        """Where split ``split`` is cached: ``<cache_dir>/<cache_name>/<split>``."""
-        return _join(self.cache_dir, self.cache_name, split)
-
-    def has_split(self, split: str) -> bool:
-        """Whether this config has a source for ``split`` (``"train"`` or ``"validation"``)."""
-        return self._source(split) is not None
-
-    def _source(self, split: str) -> list[str] | HFSource | None:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}: expected one of {list(SPLITS)}")
-        urls = self.train_urls if split == "train" else self.validation_urls
-        if urls:
-            return [resolve_url(u) for u in urls]
-        hf_split = self.train_split if split == "train" else self.validation_split
-        if self.id is not None and hf_split is not None:
-            return HFSource(self.id, split=hf_split, name=self.name)
-        return None
+    # -- caches: cache_name, cache_path, has_split come from SplitSources ---------------------------
 
     def build_caches(self, split: str, *, background: bool = True, progress: bool = True) -> CacheDataset:
         """Build (or resume, or open) the cache of ``split`` at `cache_path`.
