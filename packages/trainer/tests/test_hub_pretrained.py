@@ -140,3 +140,28 @@ def test_sft_from_a_cached_hub_id_with_pickle_weights(hub: dict[str, Any], tmp_p
     from_folder = sft.train(load_config(SftConfig, overrides=overrides(tmp_path / "folder", str(source))))
     assert from_hub.steps == from_folder.steps == 2
     assert losses(tmp_path / "hub") == losses(tmp_path / "folder")
+
+
+def test_a_run_that_started_from_a_hub_id_loads_for_inference(hub: dict[str, Any], tmp_path: Path) -> None:
+    """``inference.load_model`` of a checkpoint whose run names its model only by a hub id (no model section)."""
+    import equinox as eqx
+    import jax
+
+    import ponente.namedtensor as hax
+    from ponente.models.hf import load_pretrained
+    from ponente.trainer.checkpoint import save_checkpoint
+    from ponente.trainer.inference import load_model
+
+    source = write_tiny_llama(tmp_path / "src")
+    shutil.copytree(source, _snapshot(hub["cache"], "org/tiny-llama", COMMIT_A, refs=("v2",)), dirs_exist_ok=True)
+    reference = load_pretrained(source)
+    config = {"initialize_from_hf": "org/tiny-llama@v2", "data": {"tokenizer": str(source)}}
+    save_checkpoint({"model": reference}, tmp_path / "run", step=1, metadata={"config": config})
+    model, tokenizer = load_model(str(tmp_path / "run"))
+    assert tokenizer is not None
+    tokens = hax.named(jax.numpy.arange(8)[None] % 50, ("batch", "position"))
+    np.testing.assert_array_equal(
+        np.asarray(eqx.filter_jit(lambda m: m(tokens))(model).array),
+        np.asarray(eqx.filter_jit(lambda m: m(tokens))(reference).array),
+    )
+    assert hub["connects"] == []

@@ -85,7 +85,10 @@ def _load_checkpoint(
         if "model" in saved:
             model_config = load_config(_ModelSection, overrides={"model": saved["model"]}).model
         elif saved.get("initialize_from_hf"):
-            hf_config = json.loads((Path(saved["initialize_from_hf"]) / "config.json").read_text(encoding="utf-8"))
+            from ponente.models.hf import resolve_checkpoint  # a folder, or a hub id from the local cache first
+
+            folder = resolve_checkpoint(saved["initialize_from_hf"], weights=False, key="initialize_from_hf")
+            hf_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
             model_config = config_for_type(str(hf_config["model_type"])).from_hf_config(hf_config)
             hf_vocab = int(hf_config.get("vocab_size", 0))
         else:
