@@ -471,6 +471,8 @@ def build(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISS
 
 
 def _unknown_key(cls: type[Any], dotted: str, key: str, fields: Mapping[str, Any]) -> ConfigError:
+    if not dotted.isprintable() or any(c.isspace() for c in dotted):
+        dotted = repr(dotted)  # a key with a line break or control character is shown escaped, on one line
     close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.6)
     if close:
         return ConfigError(f"{dotted}: unknown key; did you mean {' or '.join(close)}?")

@@ -14,3 +14,7 @@ class ConfigError(PonenteConfigError):
     ``trainer.num_train_steps: expected int, got 'ten'``. It is a ``ValueError`` and a
     :class:`ponente.datacache.PonenteUserError`: the console scripts exit with status 2 on it.
     """
+
+    def __init__(self, message: str) -> None:
+        # one line whatever a key or value held: a line break in user input must not split the message
+        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
