@@ -20,7 +20,6 @@ from ponente.trainer.data.cache_build import open_or_build, resolve_url
 from ponente.trainer.data.lm_dataset import (
     SPLITS,
     SplitSources,
-    _check_shuffle,
     _load_tokenizer,
     _shuffled,
     derive_seed,
@@ -102,11 +101,7 @@ class AsrDatasetConfig(SplitSources):
         Raises:
             ValueError: naming the offending key.
         """
-        for key in ("train_urls", "validation_urls"):
-            value = getattr(self, key)
-            if isinstance(value, str) or not all(isinstance(u, str) for u in value):
-                raise ValueError(f"data.{key}: expected a list of URL strings, got {value!r}")
-        _check_shuffle(self.shuffle, "data")
+        self._check_sources()
         if self.bad_records not in ("error", "skip"):
             raise ValueError(f"data.bad_records: expected 'error' or 'skip', got {self.bad_records!r}")
         if self.workers is not None and self.workers < 0:

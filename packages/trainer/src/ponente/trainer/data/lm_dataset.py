@@ -123,6 +123,15 @@ class SplitSources:
     name: str | None
     train_split: str
     validation_split: str | None
+    shuffle: bool | int
+
+    def _check_sources(self) -> None:
+        """``train_urls``/``validation_urls`` are lists of strings and ``shuffle`` is valid (named ``data.<key>``)."""
+        for key in ("train_urls", "validation_urls"):
+            value = getattr(self, key)
+            if isinstance(value, str) or not all(isinstance(u, str) for u in value):
+                raise ValueError(f"data.{key}: expected a list of URL strings, got {value!r}")
+        _check_shuffle(self.shuffle, "data")
 
     @property
     def cache_name(self) -> str:
@@ -242,11 +251,7 @@ class LMDatasetConfig(SplitSources):
         Raises:
             ValueError: naming the offending key.
         """
-        for key in ("train_urls", "validation_urls"):
-            value = getattr(self, key)
-            if isinstance(value, str) or not all(isinstance(u, str) for u in value):
-                raise ValueError(f"data.{key}: expected a list of URL strings, got {value!r}")
-        _check_shuffle(self.shuffle, "data")
+        self._check_sources()
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"data.vocab_size: expected a positive integer or null, got {self.vocab_size}")
         if self.backend not in ("local", "ray"):
