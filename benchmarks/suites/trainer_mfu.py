@@ -11,12 +11,17 @@ and only tokens/s are recorded.
 Knobs: ``PONENTE_BENCH_MFU_SIZE`` (``1b`` or ``small``; default ``1b`` on GPU/TPU, ``small`` on CPU),
 ``PONENTE_BENCH_MFU_BATCH`` (default 4 for ``1b``, 2 for ``small``), ``PONENTE_BENCH_MFU_REMAT`` (the model's
 ``gradient_checkpointing``: ``false``, ``true``, ``offload``, ...; default ``false``), ``PONENTE_BENCH_STEPS`` (timed
-steps, default 10).
+steps, default 10), ``PONENTE_BENCH_MFU_SEGMENTS`` (``one``: one document per row, segment ids all 0, what the
+data loader gives for unpacked text, the default; ``packed``: documents of random lengths packed into each row;
+``none``: no segment ids at all, like a hand-written causal step), ``PONENTE_BENCH_MFU_LOSS`` (``auto``, the
+default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise loss).
+On a GPU the peak device memory is recorded too.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -25,7 +30,7 @@ import optax
 
 import ponente.namedtensor as hax
 from benchmarks.harness import time_fn
-from ponente.models import LlamaConfig
+from ponente.models import LlamaConfig, LmExample, compute_next_token_loss
 from ponente.trainer.lm import lm_batch, lm_loss_fn
 from ponente.trainer.mfu import device_peak_flops, mfu
 from ponente.trainer.trainer import Trainer, TrainerConfig
@@ -51,6 +56,28 @@ def _remat(text: str) -> bool | str:
     return {"false": False, "true": True}.get(text.lower(), text)
 
 
+def _segment_ids(kind: str, batch: int, seq_len: int) -> np.ndarray:
+    if kind in ("one", "none"):
+        return np.zeros((batch, seq_len), np.int32)
+    if kind != "packed":
+        raise ValueError(f"PONENTE_BENCH_MFU_SEGMENTS: expected one, packed or none, got {kind!r}")
+    rng = np.random.default_rng(1)
+    ends = rng.integers(1, seq_len // 2, (batch, seq_len)).cumsum(axis=1)
+    return np.stack([np.searchsorted(row, np.arange(seq_len), side="right") for row in ends]).astype(np.int32)
+
+
+def _loss(segments: str, text: str) -> Any:
+    block: int | str | None = text if text == "auto" else None if text == "plain" else int(text)
+    if segments != "none":
+        return lm_loss_fn(block_size=block)
+
+    def loss_fn(model: Any, batch: Any, *, key: Any) -> Any:  # causal only, no segment ids in the mask
+        example = LmExample.causal(batch["input_ids"], loss_mask=batch["loss_mask"])
+        return compute_next_token_loss(model, example, key=key, block_size=block)
+
+    return loss_fn
+
+
 def run(rec: Recorder) -> None:
     """Time the Trainer's step on the Llama-1B shape (or the small one on CPU) and report tokens/s and MFU."""
     platform = jax.default_backend()
@@ -59,6 +86,8 @@ def run(rec: Recorder) -> None:
     batch = int(os.environ.get("PONENTE_BENCH_MFU_BATCH", "4" if size == "1b" else "2"))
     remat = _remat(os.environ.get("PONENTE_BENCH_MFU_REMAT", "false"))
     steps = int(os.environ.get("PONENTE_BENCH_STEPS", "10"))
+    segments = os.environ.get("PONENTE_BENCH_MFU_SEGMENTS", "one")
+    loss = os.environ.get("PONENTE_BENCH_MFU_LOSS", "auto")
     mp, dtype = ("f32", "fp32") if platform == "cpu" else ("p=f32,c=bfloat16", "bf16")
     cfg = LlamaConfig(**sizes, gradient_checkpointing=remat)
     trainer = Trainer(
@@ -66,17 +95,21 @@ def run(rec: Recorder) -> None:
             train_batch_size=batch, num_train_steps=10**6, mp=mp, compilation_cache_dir=None, progress_bar=False
         ),
         optax.adamw(1e-4, weight_decay=0.1),
-        lm_loss_fn(),
+        _loss(segments, loss),
     )
     state = [trainer.initial_state(lambda k: cfg.build(hax.Axis("vocab", vocab), key=k), key=jax.random.PRNGKey(0))]
     ids = np.random.default_rng(0).integers(0, vocab, (batch, cfg.seq_len)).astype(np.int32)
-    example = trainer.shard_batch(lm_batch({"input_ids": ids, "segment_ids": np.zeros_like(ids)}))
+    rows = {"input_ids": ids, "segment_ids": _segment_ids(segments, batch, cfg.seq_len)}
+    example = trainer.shard_batch(lm_batch(rows))
 
     def step() -> None:
         state[0], metrics = trainer.train_step(state[0], example)
         jax.block_until_ready(metrics["loss"])
 
-    seconds = time_fn(step, warmup=2, repeat=steps)
+    start = time.perf_counter()
+    step()
+    compile_seconds = time.perf_counter() - start
+    seconds = time_fn(step, warmup=1, repeat=steps)
     tokens = batch * cfg.seq_len
     extra = {
         "shape": size,
@@ -86,8 +119,14 @@ def run(rec: Recorder) -> None:
         "mp": mp,
         "remat": str(remat),
         "attn_backend": cfg.attn_backend,
+        "segments": segments,
+        "loss": loss,
         "device": jax.devices()[0].device_kind,
     }
+    rec.record(f"llama_{size}", "first_step_time", compile_seconds, "s", **extra)
+    memory = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in memory:
+        rec.record(f"llama_{size}", "peak_memory", float(memory["peak_bytes_in_use"]), "bytes", **extra)
     rec.record(f"llama_{size}", "step_time", seconds, "s", **extra)
     rec.record(f"llama_{size}", "tokens_per_second", tokens / seconds, "tokens/s", **extra)
     peak = device_peak_flops(jax.devices()[0].device_kind, dtype)

@@ -1,4 +1,5 @@
-"""Flash attention vs the reference attention (values and gradients), NumPy for fully masked rows, jaxpr shapes."""
+"""Flash attention vs the reference attention (values and gradients, with and without a soft cap), a tiny Gemma 2
+trained through either, NumPy for fully masked rows, jaxpr shapes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ponente.namedtensor as hax
-from ponente.models import AttentionMask, dot_product_attention
+from ponente.models import AttentionMask, Gemma2Config, LmExample, compute_next_token_loss, dot_product_attention
+from ponente.models.attention_backends import AttentionCall, auto_backend
 from ponente.models.flash_attention import _flash_arrays, _Spec, flash_attention
+from ponente.models.reference_attention import soft_capped_attention
 from ponente.namedtensor import NamedArray
 
 Batch, Pos, KVHeads, Group, HeadSize = hax.make_axes(
@@ -48,14 +52,31 @@ def _value_and_grads(fn: AttentionFn, q: NamedArray, k: NamedArray, v: NamedArra
     return np.asarray(out.rearrange(q.axes).array), [np.asarray(g.array) for g in grads]
 
 
-def _compare(Q: tuple[Any, ...], K: tuple[Any, ...], mask: AttentionMask | None, block_size: int) -> None:
+def _compare(
+    Q: tuple[Any, ...],
+    K: tuple[Any, ...],
+    mask: AttentionMask | None,
+    block_size: int,
+    soft_cap: float | None = None,
+    spread: float = 1.0,
+) -> None:
+    """Flash vs the reference (``soft_capped_attention`` with a cap); inputs are standard normal times ``spread``."""
     keys = jax.random.split(jax.random.key(0), 3)
-    q = hax.random.normal(keys[0], Q)
-    k = hax.random.normal(keys[1], K)
+    q = hax.random.normal(keys[0], Q) * spread
+    k = hax.random.normal(keys[1], K) * spread
     v = hax.random.normal(keys[2], K)
-    ref = _value_and_grads(lambda q, k, v: dot_product_attention(Pos, HeadSize, q, k, v, mask), q, k, v)
+
+    def reference(q: NamedArray, k: NamedArray, v: NamedArray) -> NamedArray:
+        if soft_cap is None:
+            return dot_product_attention(Pos, HeadSize, q, k, v, mask)
+        return soft_capped_attention(Pos, HeadSize, q, k, v, mask, scaling_factor=None, soft_cap=soft_cap)
+
+    ref = _value_and_grads(reference, q, k, v)
     fla = _value_and_grads(
-        lambda q, k, v: flash_attention(Pos, HeadSize, q, k, v, mask, block_size=block_size), q, k, v
+        lambda q, k, v: flash_attention(Pos, HeadSize, q, k, v, mask, block_size=block_size, logit_soft_cap=soft_cap),
+        q,
+        k,
+        v,
     )
     np.testing.assert_allclose(fla[0], ref[0], atol=2e-5, rtol=1e-5)
     for name, g_f, g_r in zip("qkv", fla[1], ref[1], strict=True):
@@ -72,6 +93,97 @@ def test_mqa_matches_reference() -> None:
     # one key/value head shared by all query heads: the key has no heads axis at all
     Heads = hax.Axis("heads", 3)
     _compare((Batch, Heads, Pos, HeadSize), (Batch, Pos, HeadSize), _mask("segments"), block_size=3)
+
+
+# a cap of 1.5 on logits of spread ~9 (inputs times 3, head size 4): tanh saturates on many entries, so both the cap
+# and its derivative (1 - tanh²) change the output and the gradients a lot
+CAP, SPREAD = 1.5, 3.0
+
+
+@pytest.mark.parametrize("kind", ["causal", "window_segments", "segments_bidirectional"])
+def test_soft_capped_gqa_matches_reference(kind: str) -> None:
+    Q, K = (Batch, Pos, KVHeads, Group, HeadSize), (Batch, KVHeads, Pos, HeadSize)
+    _compare(Q, K, _mask(kind), block_size=4, soft_cap=CAP, spread=SPREAD)
+
+
+def test_soft_capped_mqa_matches_reference() -> None:
+    Heads = hax.Axis("heads", 3)
+    _compare((Batch, Heads, Pos, HeadSize), (Batch, Pos, HeadSize), _mask("segments"), 3, soft_cap=CAP, spread=SPREAD)
+
+
+def test_soft_cap_changes_output_and_gradients() -> None:
+    # the comparisons above are not vacuous: with these inputs the uncapped attention is far from the capped one
+    q, k, v = (hax.random.normal(kk, (Pos, HeadSize)) * SPREAD for kk in jax.random.split(jax.random.key(0), 3))
+    mask = _mask("causal")
+
+    def run(cap: float | None) -> tuple[np.ndarray, list[Any]]:
+        return _value_and_grads(
+            lambda q, k, v: flash_attention(Pos, HeadSize, q, k, v, mask, block_size=4, logit_soft_cap=cap), q, k, v
+        )
+
+    capped, plain = run(CAP), run(None)
+    assert np.abs(capped[0] - plain[0]).max() > 0.1
+    for g_c, g_p in zip(capped[1], plain[1], strict=True):
+        assert np.abs(g_c - g_p).max() > 0.1
+
+
+def test_soft_capped_kernel_matches_numpy() -> None:
+    # the kernel alone against NumPy (independent of the reference backend): scale, then cap, then mask
+    rs = np.random.RandomState(4)
+    length, d, cap, scale = 7, 3, 2.0, 0.8
+    q, k, v = (rs.randn(1, length, d).astype(np.float32) * 2 for _ in range(3))
+    q_, k_, v_ = (jnp.asarray(x) for x in (q[:, None], k, v))
+    got = _flash_arrays(q_, k_, v_, None, None, block_size=3, causal=True, window=None, scale=scale, soft_cap=cap)
+    logits = cap * np.tanh(q[0] @ k[0].T * scale / cap)
+    logits = np.where(np.tril(np.ones((length, length), dtype=bool)), logits, -np.inf)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(got)[0, 0], (w / w.sum(-1, keepdims=True)) @ v[0], atol=1e-5, rtol=1e-5)
+
+
+def test_auto_picks_flash_for_soft_capped_attention_on_cpu() -> None:
+    assert auto_backend(AttentionCall("cpu", "float32", 512, 64, soft_cap=True)) == "flash"
+    assert auto_backend(AttentionCall("cpu", "float32", 128, 64, soft_cap=True)) == "reference"  # short: materialized
+
+
+def _gemma2_loss_and_grads(backend: str) -> tuple[float, list[np.ndarray]]:
+    """Loss and parameter gradients of a tiny Gemma 2 (GQA, sliding + global layers, small caps), packed documents."""
+    cfg = Gemma2Config(
+        seq_len=13,
+        hidden_dim=32,
+        intermediate_dim=64,
+        num_layers=2,  # sliding, then global
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        sliding_window=5,
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=3.0,
+        initializer_range=0.5,  # large logits, so that the cap matters
+        attn_backend=backend,
+        flash_attention_block_size=4,  # 13 positions: four blocks, the last one padded
+    )
+    model = cfg.build(hax.Axis("vocab", 37), key=jax.random.key(0))
+    tokens = hax.named(jax.random.randint(jax.random.key(1), (2, 13), 0, 37), ("batch", "position"))
+    segments = hax.named(jnp.array([[0] * 6 + [1] * 7, [0] * 13]), ("batch", "position"))
+    example = LmExample.causal(tokens, segment_ids=segments)
+
+    @eqx.filter_jit
+    def run(model: Any) -> tuple[jax.Array, Any]:
+        return eqx.filter_value_and_grad(lambda m: compute_next_token_loss(m, example, block_size=None).scalar())(
+            model
+        )
+
+    loss, grads = run(model)
+    return float(loss), [np.asarray(g) for g in jax.tree.leaves(eqx.filter(grads, eqx.is_array))]
+
+
+def test_gemma2_loss_and_grads_flash_match_reference() -> None:
+    loss_f, grads_f = _gemma2_loss_and_grads("flash")
+    loss_r, grads_r = _gemma2_loss_and_grads("reference")
+    np.testing.assert_allclose(loss_f, loss_r, rtol=1e-6)
+    assert len(grads_f) == len(grads_r) > 0
+    for g_f, g_r in zip(grads_f, grads_r, strict=True):
+        np.testing.assert_allclose(g_f, g_r, atol=2e-5, rtol=1e-4)
 
 
 def _naive(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, scale: float) -> jax.Array:
@@ -214,6 +326,8 @@ def test_bad_arguments_name_the_problem() -> None:
     x = hax.ones((P, Hd))
     with pytest.raises(ValueError, match="block_size"):
         flash_attention(P, Hd, x, x, x, None, block_size=0)
+    with pytest.raises(ValueError, match="logit_soft_cap must be positive"):
+        flash_attention(P, Hd, x, x, x, None, logit_soft_cap=0.0)
     with pytest.raises(ValueError, match="'position'"):
         flash_attention(P, Hd, x, x.rename({"position": "pos"}), x, None)
     with pytest.raises(ValueError, match="kv_heads"):

@@ -33,9 +33,9 @@ __all__ = [
 # ``attention.attention`` and ``flash_attention.flash_attention`` are not re-exported here: the functions would
 # shadow their own modules (``ponente.models.attention`` would stop being a module); import them from the modules.
 from .attention import ATTENTION_BACKENDS
-from .lm import blockwise_cross_entropy_loss
+from .lm import blockwise_cross_entropy_loss, fused_cross_entropy_loss
 
-__all__ += ["ATTENTION_BACKENDS", "blockwise_cross_entropy_loss"]
+__all__ += ["ATTENTION_BACKENDS", "blockwise_cross_entropy_loss", "fused_cross_entropy_loss"]
 # --- end M1 exports ---
 
 # --- M2 exports ---

@@ -9,7 +9,7 @@ whether the backend computes it, or why not.
 backend        runs on     causal   GQA    window    segments  soft cap  notes
 =============  ==========  =======  =====  ========  ========  ========  =========================================
 ``reference``  anywhere    yes      yes    yes       yes       yes       materializes the scores; explicit masks
-``flash``      anywhere    yes      yes    yes       yes       no        pure-JAX blockwise, O(seq * block) memory
+``flash``      anywhere    yes      yes    yes       yes       yes       pure-JAX blockwise, O(seq * block) memory
 ``xla``        anywhere    yes      yes    yes       yes       no        ``jax.nn.dot_product_attention``
 ``cudnn``      NVIDIA GPU  yes      yes    yes       yes [1]   no        bf16/fp16, head size % 8, <= 128
 ``pallas``     GPU, TPU    yes      yes    TPU only  yes       TPU only  Triton (GPU), splash (TPU) kernels
@@ -19,9 +19,11 @@ backend        runs on     causal   GQA    window    segments  soft cap  notes
 boolean mask.
 
 ``"auto"`` (:func:`auto_backend`) is decided statically, never by trying: it walks the device's preference list
-(:data:`AUTO_PREFERENCE`) and takes the first backend that supports the call, skipping ``flash`` below the
-device's :data:`FLASH_MIN_SEQ_LEN` (where materialized scores are both faster and small); ``reference``, which
-supports everything, ends every list.
+(:data:`AUTO_PREFERENCE`, or :data:`SHORT_SEQ_PREFERENCE`'s below its length) and takes the first backend that
+supports the call, skipping ``flash`` below the device's :data:`FLASH_MIN_SEQ_LEN` (where materialized scores are
+both faster and small); ``reference``, which supports everything, ends every list. On an NVIDIA GPU that means
+cuDNN from 2048 positions, the Triton kernel below (both measured on an H100 by the ``attention`` benchmark), then
+whichever of them supports the call (a sliding window: cuDNN; float32 or head sizes over 128: Triton).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ __all__ = [
     "AUTO_PREFERENCE",
     "BACKENDS",
     "FLASH_MIN_SEQ_LEN",
+    "SHORT_SEQ_PREFERENCE",
     "AttentionBackend",
     "AttentionCall",
     "AttentionFn",
@@ -87,36 +90,15 @@ class AttentionBackend:
     soft_cap: bool = False
 
 
-def _flash(
-    Pos: Axis,
-    HeadSize: Axis,
-    query: NamedArray,
-    key: NamedArray,
-    value: NamedArray,
-    mask: AttentionMask | NamedArray | None,
-    *,
-    scaling_factor: float | None = None,
-    block_size: int = 128,
-    logit_soft_cap: float | None = None,
-) -> NamedArray:
-    if logit_soft_cap is not None:
-        raise ValueError("attention backend 'flash' does not support logit soft-capping")
-    return flash_attention(
-        Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor, block_size=block_size
-    )
-
-
 def _flash_supports(call: AttentionCall) -> str | None:
     if call.explicit_mask:
         return "an explicit NamedArray mask (it computes the mask per block; pass an AttentionMask)"
-    if call.soft_cap:
-        return "logit soft-capping"
     return None
 
 
 BACKENDS: dict[str, AttentionBackend] = {
     "reference": AttentionBackend(reference_attention, lambda call: None, soft_cap=True),
-    "flash": AttentionBackend(_flash, _flash_supports),
+    "flash": AttentionBackend(flash_attention, _flash_supports, soft_cap=True),
     "xla": AttentionBackend(xla_attention, xla_supports),
     "cudnn": AttentionBackend(cudnn_attention, cudnn_supports),
     "pallas": AttentionBackend(pallas_attention, pallas_supports, soft_cap=True),
@@ -127,9 +109,11 @@ ATTENTION_BACKENDS = ("auto", *BACKENDS)
 """The names accepted by :func:`~ponente.models.attention.attention`'s ``backend`` (and ``LmConfig.attn_backend``)."""
 
 AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
-    # cuDNN's fused kernel is the fastest measured (GPU-BASELINE.md: 2.1x the materialized step at seq 2048);
-    # the pure-JAX flash is far slower than materialized scores on a GPU, so it is only taken for memory
-    "gpu": ("cudnn", "flash", "reference"),
+    # measured by the ``attention`` benchmark on one H100 (benchmarks/README.md): cuDNN's fused kernel is the fastest
+    # from 2048 positions (0.17-0.33x the materialized reference's time, causal; 0.25-0.48x with packed segment
+    # ids), Triton second (0.44-0.57x); the pure-JAX flash is 10-13x slower than the reference there, so it is only
+    # taken for memory (see FLASH_MIN_SEQ_LEN)
+    "gpu": ("cudnn", "pallas", "flash", "reference"),
     # splash attention handles every feature; pending TPU measurements
     "tpu": ("pallas", "flash", "reference"),
     # measured by the ``attention`` benchmark on a 2-core CPU (see FLASH_MIN_SEQ_LEN); ``xla`` measured slower than
@@ -137,6 +121,14 @@ AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
     "cpu": ("flash", "reference"),
 }
 """Per device platform, the backends ``auto`` tries in order (unknown platforms use ``"cpu"``'s)."""
+
+SHORT_SEQ_PREFERENCE: dict[str, tuple[int, tuple[str, ...]]] = {
+    # one H100, causal, one sequence of Llama-3.2-1B's attention: Triton 0.198 ms vs cuDNN 0.239 ms at 512
+    # positions, 0.321 vs 0.360 ms at 1024; cuDNN ahead from 2048 (0.574 vs 0.845 ms)
+    "gpu": (2048, ("pallas", "cudnn", "flash", "reference")),
+}
+"""Per platform, ``(length, preference)``: below ``length`` positions ``auto`` tries ``preference`` instead of
+:data:`AUTO_PREFERENCE`'s list."""
 
 FLASH_MIN_SEQ_LEN: dict[str, int] = {"gpu": 8192, "tpu": 8192, "cpu": 256}
 """Per platform, the shortest sequence for which ``auto`` takes ``flash`` (shorter: materialized scores).
@@ -160,10 +152,17 @@ def auto_backend(call: AttentionCall) -> str:
     Example:
         >>> auto_backend(AttentionCall("gpu", "bfloat16", seq_len=2048, head_size=64))
         'cudnn'
+        >>> auto_backend(AttentionCall("gpu", "bfloat16", seq_len=1024, head_size=64))
+        'pallas'
+        >>> auto_backend(AttentionCall("gpu", "float32", seq_len=2048, head_size=64))
+        'pallas'
         >>> auto_backend(AttentionCall("gpu", "bfloat16", seq_len=2048, head_size=64, soft_cap=True))
         'reference'
     """
     preference = AUTO_PREFERENCE.get(call.platform, AUTO_PREFERENCE["cpu"])
+    short = SHORT_SEQ_PREFERENCE.get(call.platform)
+    if short is not None and call.seq_len < short[0]:
+        preference = short[1]
     min_flash = FLASH_MIN_SEQ_LEN.get(call.platform, FLASH_MIN_SEQ_LEN["cpu"])
     for name in preference:
         if name == "flash" and call.seq_len < min_flash:

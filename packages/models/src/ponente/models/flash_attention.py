@@ -5,7 +5,9 @@ The forward pass walks the key/value blocks of each query block keeping a runnin
 ``(block, block)`` tile at a time. The backward pass (a :func:`jax.custom_vjp`) stores only the output and
 the per-query log-sum-exp and recomputes each tile. Masks are computed per tile from an
 :class:`~ponente.models.AttentionMask` description (causal, sliding window, segment ids); key blocks that
-a query block cannot see (above the causal diagonal, outside the sliding window) are not visited.
+a query block cannot see (above the causal diagonal, outside the sliding window) are not visited. Scores may be
+soft-capped (Gemma 2: ``cap * tanh(score / cap)`` after scaling, before masking); the backward pass applies the
+derivative of the cap, ``1 - tanh²``, to each recomputed tile.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class _Spec:
     causal: bool
     window: int | None
     scale: float
+    soft_cap: float | None = None
 
     def kv_range(self, i: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array]:
         """Key blocks ``[lo, hi)`` that query block ``i`` may see."""
@@ -74,10 +77,18 @@ def _tile(x: jax.Array, index: jax.Array, block: int, axis: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(x, index * block, block, axis=axis)
 
 
-def _scores(spec: _Spec, qi: jax.Array, kj: jax.Array, mask: jax.Array) -> jax.Array:
-    """Scaled scores of one tile, ``-inf`` where masked (so ``exp`` gives exactly 0 there)."""
+def _scores(spec: _Spec, qi: jax.Array, kj: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """Scaled (and soft-capped) scores of one tile, ``-inf`` where masked (so ``exp`` gives exactly 0 there).
+
+    Also returns the derivative of the capped scores with respect to the scaled ones, ``1 - tanh²`` (finite
+    everywhere, masked entries included), or None without a cap.
+    """
     s = jnp.einsum("...gqd,...kd->...gqk", qi * spec.scale, kj)
-    return jnp.where(mask, s, -jnp.inf)
+    slope = None
+    if spec.soft_cap is not None:
+        t = jnp.tanh(s / spec.soft_cap)
+        s, slope = spec.soft_cap * t, 1.0 - t * t
+    return jnp.where(mask, s, -jnp.inf), slope
 
 
 def _forward(
@@ -93,7 +104,7 @@ def _forward(
 
         def visit(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, ...]:
             m, total, acc = carry
-            s = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
+            s, _ = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
             m_new = jnp.maximum(m, s.max(-1))
             # a row that has seen no allowed key yet keeps m = -inf; shift by 0 instead to avoid inf - inf
             shift = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
@@ -144,12 +155,14 @@ def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any,
     delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
 
     def tile_grads(i: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-        """Probabilities ``p`` and score gradients ``ds`` of tile (i, j), plus the query-side slices."""
+        """Probabilities ``p`` and scaled-score gradients ``ds`` of tile (i, j), plus the query-side slices."""
         qi, doi = _tile(q, i, blk, -2), _tile(dout, i, blk, -2)
-        s = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
+        s, slope = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
         p = jnp.exp(s - _tile(lse, i, blk, -1)[..., None])
         dp = jnp.einsum("...gqd,...kd->...gqk", doi, _tile(v, j, blk, -2))
-        ds = p * (dp - _tile(delta, i, blk, -1)[..., None])
+        ds = p * (dp - _tile(delta, i, blk, -1)[..., None])  # wrt the (capped) logits
+        if slope is not None:  # chain rule through cap * tanh(s / cap): wrt the scaled scores
+            ds = ds * slope
         return p, ds, qi, doi
 
     def dq_block(i: jax.Array) -> jax.Array:
@@ -194,12 +207,13 @@ def _flash_arrays(
     causal: bool,
     window: int | None,
     scale: float,
+    soft_cap: float | None = None,
 ) -> jax.Array:
     """Flash attention on positional arrays: ``q [..., g, L, D]``, ``k [..., L, D]``, ``v [..., L, Dv]``.
 
     The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
     segment ids are ``[..., L]``. Pads ``L`` up to a multiple of the block (padded keys are masked, padded
-    queries dropped).
+    queries dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
     """
     length = q.shape[-2]
     blk = min(block_size, length)
@@ -214,7 +228,7 @@ def _flash_arrays(
         q, k, v = (pad_positions(x, x.ndim - 2) for x in (q, k, v))
         if q_seg is not None and k_seg is not None:
             q_seg, k_seg = pad_positions(q_seg, q_seg.ndim - 1), pad_positions(k_seg, k_seg.ndim - 1)
-    spec = _Spec(block=blk, length=length, causal=causal, window=window, scale=scale)
+    spec = _Spec(block=blk, length=length, causal=causal, window=window, scale=scale, soft_cap=soft_cap)
     return _flash(spec, q, k, v, q_seg, k_seg)[..., :length, :]
 
 
@@ -243,6 +257,7 @@ def flash_attention(
     scaling_factor: float | None = None,
     block_size: int = 128,
     dtype: Any = None,
+    logit_soft_cap: float | None = None,
 ) -> NamedArray:
     """Blockwise attention with the contract of :func:`~ponente.models.dot_product_attention`.
 
@@ -266,14 +281,16 @@ def flash_attention(
         block_size: the tile size over positions (clipped to the sequence length; the sequence is padded
             to a multiple of it).
         dtype: the dtype of scores, softmax statistics and accumulators (None: at least float32).
+        logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` before masking (Gemma 2); the
+            gradients go through the cap. None: no cap.
 
     Returns:
         The attended values: the query's axes (with the value's feature axes in place of ``HeadSize``),
         in the dtype of ``query`` and ``value`` combined.
 
     Raises:
-        ValueError: for an explicit NamedArray mask, a block size or sliding window below 1, or axes that
-            do not line up (the message names the axis).
+        ValueError: for an explicit NamedArray mask, a block size or sliding window below 1, a soft cap that is
+            not positive, or axes that do not line up (the message names the axis).
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -281,6 +298,8 @@ def flash_attention(
         >>> Pos, Heads, Hd = hax.make_axes(position=10, heads=2, head_size=4)
         >>> q = hax.random.normal(jax.random.key(0), (Pos, Heads, Hd))
         >>> flash_attention(Pos, Hd, q, q, q, AttentionMask.causal(), block_size=4).shape
+        {'position': 10, 'heads': 2, 'head_size': 4}
+        >>> flash_attention(Pos, Hd, q, q, q, AttentionMask.causal(), block_size=4, logit_soft_cap=50.0).shape
         {'position': 10, 'heads': 2, 'head_size': 4}
     """
     if isinstance(mask, NamedArray):
@@ -293,6 +312,8 @@ def flash_attention(
         raise ValueError(f"flash_attention: block_size must be >= 1, got {block_size}")
     if mask is not None and mask.sliding_window is not None and mask.sliding_window < 1:
         raise ValueError(f"flash_attention: sliding_window must be >= 1, got {mask.sliding_window}")
+    if logit_soft_cap is not None and not logit_soft_cap > 0:
+        raise ValueError(f"flash_attention: logit_soft_cap must be positive (or None), got {logit_soft_cap}")
     _check_axes(Pos, HeadSize, query, key, value)
     skip = {Pos.name, HeadSize.name}
     kv_batch = tuple(ax for ax in key.axes if ax.name not in skip)
@@ -343,6 +364,7 @@ def flash_attention(
         causal=mask is not None and (mask.is_causal or mask.sliding_window is not None),
         window=None if mask is None else mask.sliding_window,
         scale=1.0 / math.sqrt(HeadSize.size) if scaling_factor is None else float(scaling_factor),
+        soft_cap=None if logit_soft_cap is None else float(logit_soft_cap),
     )
     axes = (*kv_batch, *q_extra, Pos, *v_feat)
     named = NamedArray(out.reshape(tuple(ax.size for ax in axes)).astype(out_dtype), axes)

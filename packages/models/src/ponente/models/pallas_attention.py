@@ -2,7 +2,8 @@
 
 - GPU: ``jax.experimental.pallas.ops.gpu.attention.mha`` (Triton): causal masks and segment ids; no sliding
   window, no soft cap; keys and values are repeated over the query heads of their group (the kernel has no
-  grouped-query support); the sequence length must be a multiple of 16.
+  grouped-query support); the sequence length must be a multiple of 16 and the head size a power of two from 16
+  to 128 (Triton's tiles).
 - TPU: splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``): causal masks, sliding windows,
   segment ids and logit soft-capping; grouped-query attention runs its multi-query kernel once per key/value
   head; the sequence length must be a multiple of 128.
@@ -26,6 +27,7 @@ from .attention_mask import AttentionMask
 __all__ = ["pallas_attention", "pallas_supports"]
 
 _GPU_MIN_BLOCK = 16  # Triton's smallest matrix-multiply tile
+_GPU_HEAD_SIZES = (16, 32, 64, 128)  # powers of two (Triton's block shapes), up to what fits its tiles
 _TPU_BLOCK = 128
 
 
@@ -40,6 +42,10 @@ def pallas_supports(call: AttentionCall) -> str | None:
             return "a sliding window on GPU (the Triton kernel has none)"
         if call.soft_cap:
             return "logit soft-capping on GPU (the Triton kernel has none)"
+        if call.head_size not in _GPU_HEAD_SIZES:
+            return (
+                f"head size {call.head_size} on GPU (the Triton kernel takes {', '.join(map(str, _GPU_HEAD_SIZES))})"
+            )
         if call.seq_len % _GPU_MIN_BLOCK:
             return f"sequence length {call.seq_len} on GPU (the Triton kernel needs a multiple of {_GPU_MIN_BLOCK})"
     elif call.seq_len % _TPU_BLOCK:

@@ -66,9 +66,10 @@ class TrainLmConfig:
             ``weights_only=True``) when it has no safetensors (default: refused).
         use_hf_model_config: with ``initialize_from_hf``, take the model config from the checkpoint.
         z_loss_weight: weight of the z-loss ``logsumexp(logits)**2`` (0: none).
-        cross_entropy_block_size: compute the loss blockwise over this many vocab entries, never
-            materializing full logits (None: the plain loss; ``auto``: blockwise from
-            ``ponente.models.lm.FUSED_LOSS_MIN_VOCAB`` (65536) vocabulary entries on, where the model allows it).
+        cross_entropy_block_size: how the loss avoids materializing the full logits (None: the plain loss;
+            ``auto``: from ``ponente.models.lm.FUSED_LOSS_MIN_VOCAB`` (65536) vocabulary entries on, where the model
+            allows it, the fused loss, chunks of positions with the gradient computed in the forward pass; a
+            number: the vocabulary-blocked loss with blocks of that many entries, least memory, one more product).
         data_seed: seed of the data order (None: ``trainer.seed``).
         hf_save_path: if set, export the final model as a Hugging Face folder there.
         hf_save_steps: also export every this many steps (needs ``hf_save_path``).

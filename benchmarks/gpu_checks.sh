@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU checks of issue #20 in one run on a lent GPU machine (the `device` tool): the GPU-marked tests, the
+# trainer-mfu and attention suites, and the hand-written cuDNN step of ../shared/bench/gpu_llama1b.py (carried in
+# .gpu/) as the same-device baseline. Missing wheels (jmp, tensorboardX, zstandard) travel in .whl/.
+# Usage there: bash benchmarks/gpu_checks.sh STAGE... (stages: env tests mfu base mfu-none mfu-plain mfu-b8
+# attention; default all). Results go to $OUT (JSON lines + logs).
+set -u
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT" /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+export PYTHONPATH="$PWD:$PWD/packages/namedtensor/src:$PWD/packages/datacache/src:$PWD/packages/models/src:$PWD/packages/trainer/src:/tmp/site"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 TF_CPP_MIN_LOG_LEVEL=2
+stages=${*:-env tests mfu base mfu-none mfu-plain attention}
+t0=$(date +%s)
+stamp() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
+mfu() {  # label timeout env...
+  local label=$1 limit=$2; shift 2
+  stamp "trainer-mfu $label ($*)"
+  env "$@" timeout "$limit" python3 -m benchmarks run trainer-mfu -o "$OUT/mfu.jsonl" >"$OUT/mfu-$label.log" 2>&1
+  echo "rc=$?"; grep -E "step_time|mfu =|peak_memory|first_step" "$OUT/mfu-$label.log"; tail -n 3 "$OUT/mfu-$label.log" | grep -i error
+}
+for stage in $stages; do
+  case $stage in
+    env) stamp env; nvidia-smi -L; python3 -c "import jax, jaxlib, equinox, optax; print(jax.__version__, equinox.__version__, optax.__version__, jax.devices())" ;;
+    tests) stamp tests
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs packages/models/tests/test_attention_backends.py \
+        >"$OUT/tests.log" 2>&1; echo "rc=$?"; grep -E "passed|failed|Error|error" "$OUT/tests.log" | tail -n 12 ;;
+    mfu) mfu b4 170 PONENTE_BENCH_MFU_BATCH=4 ;;
+    mfu-none) mfu b4-none 150 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=none ;;
+    mfu-plain) mfu b4-plain 150 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_LOSS=plain ;;
+    mfu-packed) mfu b4-packed 150 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=packed ;;
+    mfu-b8) mfu b8 170 PONENTE_BENCH_MFU_BATCH=8 ;;
+    mfu-b8-remat) mfu b8-remat 170 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_REMAT=true ;;
+    base) stamp "hand-written cuDNN step (gpu_llama1b.py pos-cudnn, batch 4)"
+      (cd .gpu && GPU_BENCH_STEPS=10 timeout 150 python3 gpu_llama1b.py --size 1b --only pos-cudnn --out "$OUT/base.jsonl" \
+        --timeout 140 >"$OUT/base.log" 2>&1); echo "rc=$?"; tail -n 2 "$OUT/base.log" ;;
+    base-b8) stamp "hand-written cuDNN step, batch 8"
+      (cd .gpu && GPU_BENCH_STEPS=10 timeout 150 python3 gpu_llama1b.py --size 1b-b8 --only pos-cudnn --out "$OUT/base.jsonl" \
+        --timeout 140 >"$OUT/base-b8.log" 2>&1); echo "rc=$?"; tail -n 2 "$OUT/base-b8.log" ;;
+    profile) stamp "profile: Trainer step (batch 4, no segment ids) vs the hand-written cuDNN step"
+      PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=none PONENTE_BENCH_STEPS=3 timeout 150 \
+        python3 -m benchmarks.gpu_profile ponente >"$OUT/profile-ponente.log" 2>&1; echo "rc=$?"
+      grep -E "^---|^    " "$OUT/profile-ponente.log" | head -n 40
+      GPU_BENCH_STEPS=3 timeout 120 python3 -m benchmarks.gpu_profile positional >"$OUT/profile-positional.log" 2>&1
+      echo "rc=$?"; grep -E "^---|^    " "$OUT/profile-positional.log" | head -n 40 ;;
+    attention) stamp attention
+      PONENTE_BENCH_ATTN_MASKS=${ATTN_MASKS:-causal,packed} PONENTE_BENCH_ATTN_SEQ_LENS=${ATTN_LENS:-512,1024,2048,4096,8192} timeout 200 python3 -m benchmarks run attention \
+        -o "$OUT/attention.jsonl" >"$OUT/attention.log" 2>&1; echo "rc=$?"; grep -E "time_ratio|error" "$OUT/attention.log" | tail -n 40 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+stamp done
