@@ -20,6 +20,18 @@ import ponente.namedtensor as hax
 from ponente.models import LmExample, compute_next_token_loss
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs() -> Any:
+    """Drop JAX's compiled programs after each test module.
+
+    XLA:CPU maps memory for every executable it keeps; one process running the whole suite otherwise approaches the
+    kernel's limit of memory mappings per process (``vm.max_map_count``, 65530 by default) and XLA crashes while
+    compiling (seen as an abort or a segmentation fault in the last test modules).
+    """
+    yield
+    jax.clear_caches()
+
+
 @pytest.fixture(autouse=True)
 def _torch_seed() -> None:
     torch.manual_seed(0)
