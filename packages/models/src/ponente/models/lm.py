@@ -868,11 +868,13 @@ def compute_next_token_loss_and_aux(
     targets = hax.roll(example.tokens, -1, Pos)
     resolved = cross_entropy_block_size(model, block_size)
     mask = example.loss_mask.astype(loss_dtype)
-    if resolved is not None and block_size == "auto" and reduction != "none":
-        # the fused loss reduces in its own pass: its gradient costs no recomputation of the logits
+    fused = resolved is not None and block_size == "auto" and reduction != "none"
+    if resolved is not None:
         hidden, aux = model.activations_and_aux(
             example.tokens, example.attn_mask, key=key, **_pos_ids_kwargs(example.pos_ids)
         )
+    if fused:
+        # the fused loss reduces in its own pass: its gradient costs no recomputation of the logits
         total = fused_cross_entropy_loss(
             hidden,
             model.get_lm_head(),
@@ -885,9 +887,6 @@ def compute_next_token_loss_and_aux(
         )
     else:
         if resolved is not None:
-            hidden, aux = model.activations_and_aux(
-                example.tokens, example.attn_mask, key=key, **_pos_ids_kwargs(example.pos_ids)
-            )
             loss = blockwise_cross_entropy_loss(
                 hidden,
                 model.get_lm_head(),
