@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 import benchmarks.suites
 
 _SOFTWARE = (
@@ -177,6 +179,14 @@ def compare(
         va, vb = float(a[key]["value"]), float(b[key]["value"])
         out.append((key, va, vb, vb / va if va else float("nan")))
     return out
+
+
+def packed_segment_ids(batch: int, seq_len: int, seed: int = 0) -> Any:
+    """Segment ids ``[batch, seq_len]`` int32 of documents of random lengths (mean a quarter of the row) packed
+    into each row, the last one cut at the row's end (as a packing data loader gives)."""
+    rng = np.random.default_rng(seed)
+    ends = rng.integers(1, max(2, seq_len // 2), (batch, seq_len)).cumsum(axis=1)
+    return np.stack([np.searchsorted(row, np.arange(seq_len), side="right") for row in ends]).astype(np.int32)
 
 
 def interleaved_times(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:

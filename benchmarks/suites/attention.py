@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import ponente.namedtensor as hax
-from benchmarks.harness import time_fn
+from benchmarks.harness import packed_segment_ids, time_fn
 from ponente.models import AttentionMask
 from ponente.models.attention import attention
 from ponente.models.attention_backends import BACKENDS, AttentionCall, auto_backend
@@ -36,16 +35,6 @@ if TYPE_CHECKING:
     from benchmarks.harness import Recorder
 
 BLOCK = 128
-
-
-def _packed_ids(Batch: hax.Axis, Pos: hax.Axis) -> hax.NamedArray:
-    """Segment ids of documents of random lengths (mean a quarter of the row) packed into each row."""
-    rng = np.random.default_rng(0)
-    rows = []
-    for _ in range(Batch.size):
-        lengths = rng.integers(1, Pos.size // 2, Pos.size).cumsum()
-        rows.append(np.searchsorted(lengths, np.arange(Pos.size), side="right"))
-    return hax.named(np.stack(rows).astype(np.int32), (Batch, Pos))
 
 
 def _step(backend: str, Pos: hax.Axis, HeadSize: hax.Axis, mask: AttentionMask) -> Any:
@@ -77,7 +66,7 @@ def run(rec: Recorder) -> None:
         )
         mask = AttentionMask.causal()
         if kind == "packed":
-            mask = mask.with_segment_ids(_packed_ids(Batch, Pos))
+            mask = mask.with_segment_ids(hax.named(packed_segment_ids(Batch.size, Pos.size), (Batch, Pos)))
         elif kind != "causal":
             raise ValueError(f"PONENTE_BENCH_ATTN_MASKS: unknown mask {kind!r}; choose causal or packed")
         label = f"seq{length}" if kind == "causal" else f"seq{length}-packed"

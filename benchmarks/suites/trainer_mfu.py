@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 import ponente.namedtensor as hax
-from benchmarks.harness import time_fn
+from benchmarks.harness import packed_segment_ids, time_fn
 from ponente.models import LlamaConfig, LmExample, compute_next_token_loss
 from ponente.trainer.lm import lm_batch, lm_loss_fn
 from ponente.trainer.mfu import device_peak_flops, mfu
@@ -61,13 +61,16 @@ def _segment_ids(kind: str, batch: int, seq_len: int) -> np.ndarray:
         return np.zeros((batch, seq_len), np.int32)
     if kind != "packed":
         raise ValueError(f"PONENTE_BENCH_MFU_SEGMENTS: expected one, packed or none, got {kind!r}")
-    rng = np.random.default_rng(1)
-    ends = rng.integers(1, seq_len // 2, (batch, seq_len)).cumsum(axis=1)
-    return np.stack([np.searchsorted(row, np.arange(seq_len), side="right") for row in ends]).astype(np.int32)
+    return packed_segment_ids(batch, seq_len, seed=1)
 
 
 def _loss(segments: str, text: str) -> Any:
-    block: int | str | None = text if text == "auto" else None if text == "plain" else int(text)
+    if text in ("auto", "plain"):
+        block: int | str | None = text if text == "auto" else None
+    elif text.isdigit() and int(text) > 0:
+        block = int(text)
+    else:
+        raise ValueError(f"PONENTE_BENCH_MFU_LOSS: expected auto, plain or a vocabulary block size, got {text!r}")
     if segments != "none":
         return lm_loss_fn(block_size=block)
 
