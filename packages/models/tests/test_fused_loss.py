@@ -94,6 +94,95 @@ def test_fused_loss_weights_and_layout() -> None:
     _assert_close(unweighted, _plain(hidden.array, head.array, targets.array, jnp.ones((3, 7)), 0.0, "mean"))
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+def test_fused_loss_groups_match_plain(groups: int) -> None:
+    """Groups of the batch (each summing its own loss and head gradient) give the plain loss and gradients."""
+    hidden, head, targets, mask = _inputs(3)
+
+    def fused(h: NamedArray, w: NamedArray) -> jax.Array:
+        # the batch last among the token axes: the grouped axis is moved first whatever the layout
+        loss = fused_cross_entropy_loss(h, w, targets, weights=mask, z_loss_weight=1e-2, chunk_size=3, groups=groups)
+        return loss.scalar()
+
+    loss, grads = jax.value_and_grad(fused, argnums=(0, 1))(hidden.rearrange((P, E, B)), head)
+    ref, ref_grads = jax.value_and_grad(
+        lambda h, w: _plain(h, w, targets.array, mask.array, 1e-2, "mean"), argnums=(0, 1)
+    )(hidden.array, head.array)
+    _assert_close(loss, ref)
+    _assert_close(grads[0].rearrange((B, P, E)).array, ref_grads[0])
+    _assert_close(grads[1].array, ref_grads[1])
+
+
+def test_fused_loss_checks_groups() -> None:
+    hidden, head, targets, _ = _inputs()
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        fused_cross_entropy_loss(hidden, head, targets, groups=0)
+    with pytest.raises(ValueError, match=r"groups=2 must divide .*batch"):
+        fused_cross_entropy_loss(hidden, head, targets, groups=2)  # batch 3
+
+
+def _loop_collectives(hlo: str) -> tuple[list[str], list[str]]:
+    """The cross-device collectives of compiled HLO text: those inside while-loop bodies, and all of them."""
+    computations: dict[str, list[str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            current = "ENTRY" if line.startswith("ENTRY") else line.split(" ")[0]
+            computations[current] = []
+        elif current is not None:
+            computations[current].append(line)
+    pattern = re.compile(r" (all-reduce|reduce-scatter|all-gather)(-start)?\(")
+    bodies = set(re.findall(r"body=(%[\w.\-]+)", hlo))
+    inside = [m.group(1) for b in bodies for line in computations.get(b, []) if (m := pattern.search(line))]
+    every = [m.group(1) for lines in computations.values() for line in lines if (m := pattern.search(line))]
+    return inside, every
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("head_mapping", [{}, {"embed": "data"}], ids=["dp", "fsdp"])
+def test_fused_loss_reduces_across_devices_once(head_mapping: dict[str, str]) -> None:
+    """Batch sharded over 8 devices (the head replicated, or split FSDP-style over its embedding): the head's gradient
+    is reduced after the chunk loop, not once per chunk."""
+    import ponente.namedtensor.partitioning as partitioning
+
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    Batch, Pos, Embed, Vocab = hax.make_axes(batch=16, position=64, embed=16, vocab=256)
+    keys = jax.random.split(jax.random.key(5), 3)
+    hidden = hax.random.normal(keys[0], (Batch, Pos, Embed))
+    head = hax.random.normal(keys[1], (Embed, Vocab)) * 0.3
+    targets = hax.random.randint(keys[2], (Batch, Pos), 0, Vocab.size)
+
+    def plain(h: jax.Array, w: jax.Array) -> jax.Array:
+        logits = h @ w
+        target_logits = jnp.take_along_axis(logits, targets.array[..., None], axis=-1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target_logits)
+
+    ref, ref_grads = jax.value_and_grad(plain, argnums=(0, 1))(hidden.array, head.array)
+    mesh = partitioning.make_mesh({"data": 8})
+
+    def compiled(groups: int | None) -> tuple[Any, str]:
+        def loss(h: NamedArray, w: NamedArray) -> jax.Array:
+            return fused_cross_entropy_loss(h, w, targets, chunk_size=8, groups=groups).scalar()
+
+        mapping = {"batch": "data"}  # the compute mapping
+        with jax.set_mesh(mesh), partitioning.axis_mapping(mapping):
+            h, w = hax.shard(hidden, mapping, mesh), hax.shard(head, head_mapping, mesh)
+            fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+            return fn(h, w), fn.lower(h, w).compile().as_text()
+
+    (loss, grads), hlo = compiled(None)  # groups from the mapping: one per device
+    _assert_close(loss, ref)
+    for g, r in zip(grads, ref_grads, strict=True):
+        _assert_close(g.array, r)
+    inside, every = _loop_collectives(hlo)
+    assert inside == [], inside
+    assert every, "expected the reduction after the loop"
+    # one group: the partial head gradients of the 8 devices are reduced inside the loop (the check can fail)
+    (loss_one, _), hlo_one = compiled(1)
+    _assert_close(loss_one, ref)
+    assert _loop_collectives(hlo_one)[0], "expected a collective inside the chunk loop with one group"
+
+
 def _dot_count(jaxpr: Any) -> int:
     """The dot_general equations of a jaxpr, inner jaxprs (loop bodies, custom-VJP rules) included."""
     count = 0

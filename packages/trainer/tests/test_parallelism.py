@@ -273,3 +273,30 @@ def test_eval_over_per_process_rows_counts_every_example_once():
         total += float(loss_fn(state.model, one, key=None)) * n
         tokens += n
     assert got == pytest.approx(total / tokens, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["data_parallel", "fsdp_replica", "fsdp_tp"])
+def test_fused_loss_splits_the_batch_into_one_group_per_data_shard(name, reference, monkeypatch):
+    """The fused cross-entropy (forced on for this tiny vocabulary) under the Trainer's layouts: the same training as
+    the plain loss on one device, with one group per shard of the batch (the replica and data axes together), so the
+    head's gradient is reduced across devices once per step (see the models' multidevice test of the loop)."""
+    import ponente.models.lm as lm
+
+    monkeypatch.setattr(lm, "FUSED_LOSS_MIN_VOCAB", 8)
+    monkeypatch.setattr(lm, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 16)  # 16 (padded) vocab x 2 tokens: several chunks
+    chosen = []
+    real = lm._fused_groups
+
+    def spy(*args, **kwargs):
+        chosen.append(real(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(lm, "_fused_groups", spy)
+    trainer, state, losses = train(jax.devices(), **LAYOUTS[name])
+    ref_losses, ref_params = reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-5)
+    for got, want in zip(named_leaves(state.model), ref_params, strict=True):
+        np.testing.assert_allclose(np.asarray(got.array), want, atol=1e-5)
+    shards = trainer.mesh.shape["replica"] * trainer.mesh.shape["data"]
+    assert chosen, "the fused loss was not used"
+    assert {(axis.name if axis is not None else None, groups) for axis, groups in chosen} == {("batch", shards)}

@@ -593,9 +593,14 @@ def _fused_chunks(
     float32 accumulator of the projection's gradient cost a pass over 4-byte chunk logits and a read and write of a
     float32 ``[embed, vocab]`` array per chunk (27.6 ms instead of 22.6 at batch 4 x 2048, vocabulary 128256), and
     the accumulator alone would be 1 GiB at that size.
+
+    ``h`` is ``[group, ..., position, embed]``: the loss and the projection's gradient are summed per group inside the
+    loop and over the groups once after it. With one group per shard of a sharded batch, each device adds up its own
+    share and the shares are reduced once, not once per chunk (see :func:`fused_cross_entropy_loss`).
     """
     axis = h.ndim - 2
     vocab_ids = jnp.arange(w.shape[1])
+    per_group = tuple(range(1, h.ndim - 1))  # the token axes of one group
 
     def visit(c: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         # the last chunk is shifted left to end at the last position (no padded copy of ``h``); the positions it
@@ -610,7 +615,7 @@ def _fused_chunks(
         lse = jax.nn.logsumexp(logits, axis=-1)
         is_target = vocab_ids == t_c[..., None]  # never true for ids outside the vocabulary: target logit 0
         loss_c = lse - jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1) + spec.z_loss_weight * lse * lse
-        total = carry[0] + jnp.sum(wt_c * loss_c)
+        total = carry[0] + jnp.sum(wt_c * loss_c, axis=per_group)
         if not grads:
             return (total,)
         _, dh, dw, loss = carry
@@ -623,14 +628,24 @@ def _fused_chunks(
         dh_c = lax.dynamic_slice_in_dim(dh, start, spec.chunk, axis=axis) + dh_c
         dh = lax.dynamic_update_slice_in_dim(dh, dh_c, start, axis=axis)
         # fused into the matrix product as its accumulator (C += A B) by XLA:GPU
-        dw = dw + jnp.einsum("...ce,...cv->ev", h_c, dlogits, preferred_element_type=dw.dtype)
+        dw = dw + jnp.einsum("g...ce,g...cv->gev", h_c, dlogits, preferred_element_type=dw.dtype)
         loss_c = jnp.where(fresh, loss_c, lax.dynamic_slice_in_dim(loss, start, spec.chunk, axis=axis))
         return total, dh, dw, lax.dynamic_update_slice_in_dim(loss, loss_c, start, axis=axis)
 
-    init: tuple[jax.Array, ...] = (jnp.zeros((), spec.dtype),)
+    groups = h.shape[0]
+    init: tuple[jax.Array, ...] = (jnp.zeros((groups,), spec.dtype),)
     if grads:
-        init = (*init, jnp.zeros_like(h), jnp.zeros_like(w), jnp.zeros(t.shape, spec.dtype))
-    return lax.fori_loop(0, spec.num_chunks, visit, init)
+        init = (*init, jnp.zeros_like(h), jnp.zeros((groups, *w.shape), w.dtype), jnp.zeros(t.shape, spec.dtype))
+    out = lax.fori_loop(0, spec.num_chunks, visit, init)
+    total = jnp.sum(out[0])
+    if not grads:
+        return (total,)
+    return (
+        total,
+        out[1],
+        jnp.sum(out[2], axis=0, dtype=jnp.promote_types(w.dtype, jnp.float32)).astype(w.dtype),
+        out[3],
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -658,6 +673,33 @@ def _fused_ce_bwd(spec: _FusedSpec, res: tuple[jax.Array, ...], g: jax.Array) ->
 _fused_ce.defvjp(_fused_ce_fwd, _fused_ce_bwd)
 
 
+def _axis_shards(axis: Axis) -> int:
+    """How many shards ``axis`` is split into under the current axis mapping and mesh (1 without either)."""
+    try:
+        return hax.partitioning.physical_axis_size(axis) or 1
+    except ValueError:  # a mapping but no mesh: nothing is split
+        return 1
+
+
+def _fused_groups(where: str, others: tuple[Axis, ...], groups: int | None) -> tuple[Axis | None, int]:
+    """The token axis to split into groups and the number of groups of :func:`fused_cross_entropy_loss`."""
+    if groups is None:
+        for ax in others:
+            shards = _axis_shards(ax)
+            if shards > 1 and ax.size % shards == 0:
+                return ax, shards
+        return None, 1
+    if groups < 1:
+        raise ValueError(f"{where}: groups must be >= 1, got {groups}")
+    if groups == 1:
+        return None, 1
+    if not others or others[0].size % groups:
+        raise ValueError(
+            f"{where}: groups={groups} must divide the first token axis other than the positions; got {others}"
+        )
+    return others[0], groups
+
+
 def _fused_chunk_size(vocab: int, tokens_per_position: int, positions: int) -> int:
     """The default positions per chunk: ``FUSED_LOSS_CHUNK_ELEMENTS`` logits, rounded down to a power of two."""
     budget = max(1, FUSED_LOSS_CHUNK_ELEMENTS // vocab // tokens_per_position)
@@ -675,6 +717,7 @@ def fused_cross_entropy_loss(
     chunk_size: int | None = None,
     Pos: AxisSelector = "position",
     dtype: Any = jnp.float32,
+    groups: int | None = None,
 ) -> NamedArray:
     """The reduced cross-entropy of ``logits = hidden · lm_head``, its gradient computed with the loss.
 
@@ -703,8 +746,16 @@ def fused_cross_entropy_loss(
             when the length is not a multiple, its repeated positions weighing 0). None:
             :data:`FUSED_LOSS_CHUNK_ELEMENTS` logits per chunk, i.e. that divided by the vocabulary size and by the
             tokens per position (the other token axes, e.g. the batch), rounded down to a power of two.
-        Pos: the position axis, the one sliced into chunks (the others, e.g. a sharded batch, are never reshaped).
+        Pos: the position axis, the one sliced into chunks (the others, e.g. a sharded batch, are never sliced).
         dtype: the computation dtype of the softmax and the loss.
+        groups: how many groups to split the first sharded token axis into (e.g. the batch over data-parallel
+            devices), each summing its own loss and projection gradient over all chunks, the groups' sums added once
+            at the end. With one group per shard no device waits on another inside the loop: with a single group, a
+            batch sharded over devices has its projection gradient (``[embed, vocab]``) reduced across them once per
+            chunk. None: the number of shards of the token axes under the current
+            :func:`ponente.namedtensor.partitioning.axis_mapping` and mesh (the first token axis other than ``Pos``
+            that is split, if its size is a multiple of its shards), else 1. The default chunk then counts the tokens
+            per position of one group.
 
     Returns:
         The loss, a scalar NamedArray of ``dtype``.
@@ -712,7 +763,8 @@ def fused_cross_entropy_loss(
     Raises:
         ValueError: if ``lm_head`` is not two axes, one shared with ``hidden``, if ``targets``' axes are not
             ``hidden``'s minus ``Embed``, if ``weights`` has other axes, if ``Pos`` is not one of them, for a
-            ``reduction`` other than ``"mean"``/``"sum"``, or for a ``chunk_size`` below 1.
+            ``reduction`` other than ``"mean"``/``"sum"``, for a ``chunk_size`` below 1, or for ``groups`` below 1 or
+            not dividing the first token axis other than ``Pos``.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -742,6 +794,9 @@ def fused_cross_entropy_loss(
     # the position axis last among the token axes (a no-op for the usual (batch, position, embed) layout); the other
     # token axes stay separate dimensions
     others = tuple(ax for ax in token_axes if ax.name != Position.name)
+    Split, n_groups = _fused_groups(where, others, groups)
+    if Split is not None:
+        others = (Split, *(ax for ax in others if ax.name != Split.name))
     order = (*others, Position)
     common = jnp.promote_types(hidden.dtype, lm_head.dtype)
     h = hidden.rearrange((*order, Embed)).array.astype(common)
@@ -751,8 +806,12 @@ def fused_cross_entropy_loss(
     if reduction == "mean":
         wt = wt / jnp.maximum(jnp.sum(wt), 1.0)
     per_position = int(np.prod([ax.size for ax in others], dtype=np.int64))
+    # one leading group axis, split off the first token axis (the one that is sharded; ``order`` puts it first)
+    h, t, wt = (
+        x.reshape(n_groups, x.shape[0] // n_groups, *x.shape[1:]) if n_groups > 1 else x[None] for x in (h, t, wt)
+    )
     chunk = (
-        _fused_chunk_size(Vocab.size, per_position, Position.size)
+        _fused_chunk_size(Vocab.size, per_position // n_groups, Position.size)
         if chunk_size is None
         else min(chunk_size, Position.size)
     )
