@@ -98,6 +98,81 @@ def test_gradient_accumulation_equals_the_full_batch(per_device):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
+def _scan_constants(jaxpr):
+    """The closed-over inputs (constants) of the scans of a jaxpr, inner jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.extend(eqn.invars[: eqn.params["num_consts"]])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_scan_constants(sub))
+    return found
+
+
+def test_gradient_accumulation_in_bf16_casts_the_model_once_and_sums_each_microbatch():
+    """With a bf16 compute policy the accumulated gradient is the weighted sum of each microbatch's gradient wrt
+    the float32 parameters cast inside the loss (computed here one microbatch at a time); the cast is done once,
+    before the loop over microbatches, which then closes over bf16 weights, not float32 ones."""
+    from ponente.trainer.trainer._step import TrainStep
+
+    batch = make_batch(4)
+    model = build(jax.random.PRNGKey(2))
+    bf16 = lambda tree: jax.tree_util.tree_map(  # noqa: E731
+        lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, tree
+    )
+
+    @eqx.filter_jit
+    def micro_sum(m, b):
+        loss, grad = eqx.filter_value_and_grad(lambda p: compute_next_token_loss(bf16(p), b, reduction="sum").array)(m)
+        return loss, grad, jnp.sum(b.loss_mask.array)
+
+    total_loss, total_grad, total_weight = 0.0, None, 0.0
+    for i in range(4):  # microbatches of 2 examples, in order
+        loss, grad, weight = micro_sum(model, _slice_rows(batch, 2 * i, 2 * i + 2))
+        total_loss += float(loss)
+        total_weight += float(weight)
+        grad = jax.tree_util.tree_map(np.asarray, eqx.filter(grad, eqx.is_inexact_array))
+        total_grad = grad if total_grad is None else jax.tree_util.tree_map(np.add, total_grad, grad)
+    want = [g / total_weight for g in jax.tree_util.tree_leaves(total_grad)]
+
+    trainer = Trainer(config(per_device_parallelism=2, mp="p=f32,c=bfloat16"), keep_gradients(), lm_loss)
+    assert trainer.num_microbatches == 4
+    state = trainer.initial_state(lambda key: model, key=jax.random.PRNGKey(0))
+    state, metrics = trainer.train_step(state, batch)
+    np.testing.assert_allclose(float(metrics["loss"]), total_loss / total_weight, rtol=1e-3)
+    got = leaves(state.opt_state)
+    assert {g.dtype for g in got} == {np.dtype(np.float32)}
+    for g, w in zip(got, want, strict=True):
+        # bf16 products: the same math, a few bf16 roundings apart (XLA fuses the two programs differently)
+        np.testing.assert_allclose(g, w, rtol=0, atol=2e-2 * np.abs(w).max())
+
+    # the loop over microbatches closes over the weights cast to bf16, not over the float32 parameters
+    step = TrainStep(
+        loss_fn=lm_loss,
+        optimizer=keep_gradients(),
+        mp=trainer.mp,
+        batch_axis="batch",
+        num_microbatches=4,
+        compute_axis_mapping={},
+        loss_weight_fn=trainer.loss_weight_fn,
+        optimizer_metrics_fn=lambda _: {},
+        lr_schedule=None,
+    )
+    trainable, rest = eqx.partition(model, eqx.is_inexact_array)
+    jaxpr = jax.make_jaxpr(step._accumulate)(trainable, rest, batch, jax.random.PRNGKey(0))
+    floats = [v.aval for v in _scan_constants(jaxpr.jaxpr) if jnp.issubdtype(v.aval.dtype, jnp.floating)]
+    weights = [a for a in floats if a.ndim >= 2]
+    assert weights, "expected the microbatch loop to close over the model's weights"
+    assert {w.dtype for w in weights} == {jnp.dtype(jnp.bfloat16)}, weights
+
+
+def _slice_rows(example, start, stop):
+    return LmExample.causal(
+        hax.named(example.tokens.array[start:stop], ("batch", "position")),
+        loss_mask=hax.named(example.loss_mask.array[start:stop], ("batch", "position")),
+    )
+
+
 def test_extra_metrics_of_the_loss_are_logged_and_accumulated_like_the_loss():
     """A loss returning ``(loss, {name: value})``: the value is a token-weighted mean over the microbatches."""
 

@@ -102,10 +102,15 @@ class TrainStep:
         self.on_nonfinite_loss = on_nonfinite_loss
 
     def _loss_and_grad(
-        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
+        self, trainable: Any, rest: Any, batch: Any, key: jax.Array, *, cast: bool = True
     ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        """The loss, its extra metrics and the gradient wrt ``trainable``; ``cast=False``: the parameters are already
+        in the compute dtype (the gradient is then in it too)."""
+
         def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            model = self.mp.cast_to_compute(eqx.combine(params, rest))
+            model = eqx.combine(params, rest)
+            if cast:
+                model = self.mp.cast_to_compute(model)
             return _loss_and_metrics(self.loss_fn(model, batch, key=key))
 
         (loss, extra), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
@@ -118,17 +123,24 @@ class TrainStep:
         stacked, unstack = split_microbatches(batch, self.batch_axis, n)
         scanned = [s for s in stacked if s is not None]
         where = [s is not None for s in stacked]
+        # the model is cast to the compute dtype once for all microbatches, not in each: the gradient wrt the cast
+        # parameters, converted to the parameter dtype, is the same number as the gradient wrt the parameters (the
+        # derivative of a cast is the cast back), and the conversion is added into the float32 sum below
+        compute_trainable = self.mp.cast_to_compute(trainable)
+        compute_rest = self.mp.cast_to_compute(rest)
 
         def micro_grads(index: jax.Array, slices: Any) -> tuple[Any, ...]:
             it = iter(slices)
             micro = hax.auto_sharded(unstack([next(it) if w else None for w in where]))
-            loss, extra, grads = self._loss_and_grad(trainable, rest, micro, jax.random.fold_in(key, index))
+            loss, extra, grads = self._loss_and_grad(
+                compute_trainable, compute_rest, micro, jax.random.fold_in(key, index), cast=False
+            )
             return loss, extra, grads, jnp.asarray(self.loss_weight_fn(micro), jnp.float32)
 
         def body(carry: Any, xs: Any) -> Any:
             grad_sum, loss_sum, extra_sum, weight_sum = carry
             loss, extra, grads, weight = micro_grads(*xs)
-            grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g, grad_sum, grads)
+            grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g.astype(acc.dtype), grad_sum, grads)
             extra_sum = {k: extra_sum[k] + weight * v for k, v in extra.items()}
             return (grad_sum, loss_sum + weight * loss, extra_sum, weight_sum + weight), None
 
