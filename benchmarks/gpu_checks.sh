@@ -2,8 +2,9 @@
 # The GPU checks of issue #20 in one run on a lent GPU machine (the `device` tool): the GPU-marked tests, the
 # trainer-mfu and attention suites, and the hand-written cuDNN step of ../shared/bench/gpu_llama1b.py (carried in
 # .gpu/) as the same-device baseline. Missing wheels (jmp, tensorboardX, zstandard) travel in .whl/.
-# Usage there: bash benchmarks/gpu_checks.sh STAGE... (stages: env tests mfu base mfu-none mfu-plain mfu-b8
-# attention; default all). Results go to $OUT (JSON lines + logs).
+# Usage there: bash benchmarks/gpu_checks.sh STAGE... (stages: env tests mfu mfu-none mfu-plain mfu-packed mfu-b8
+# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat base base-b8 profile attention; the default is the plan
+# for the next lease, about 550 s). Results go to $OUT (JSON lines + logs).
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT" /tmp/site
@@ -11,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 export PYTHONPATH="$PWD:$PWD/packages/namedtensor/src:$PWD/packages/datacache/src:$PWD/packages/models/src:$PWD/packages/trainer/src:/tmp/site"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 TF_CPP_MIN_LOG_LEVEL=2
-stages=${*:-env tests mfu base mfu-none mfu-plain attention}
+stages=${*:-env tests mfu mfu-b8 mfu-b16-acc4 base base-b8}
 t0=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
 mfu() {  # label timeout env...
@@ -24,7 +25,9 @@ for stage in $stages; do
   case $stage in
     env) stamp env; nvidia-smi -L; python3 -c "import jax, jaxlib, equinox, optax; print(jax.__version__, equinox.__version__, optax.__version__, jax.devices())" ;;
     tests) stamp tests
-      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs packages/models/tests/test_attention_backends.py \
+      # the GPU-marked kernel tests, and the fused loss's numerics (float32 products) on the GPU
+      timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not multidevice" -rs \
+        packages/models/tests/test_attention_backends.py packages/models/tests/test_fused_loss.py \
         >"$OUT/tests.log" 2>&1; echo "rc=$?"; grep -E "passed|failed|Error|error" "$OUT/tests.log" | tail -n 12 ;;
     mfu) mfu b4 170 PONENTE_BENCH_MFU_BATCH=4 ;;
     mfu-none) mfu b4-none 150 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=none ;;
@@ -32,6 +35,10 @@ for stage in $stages; do
     mfu-packed) mfu b4-packed 150 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=packed ;;
     mfu-b8) mfu b8 170 PONENTE_BENCH_MFU_BATCH=8 ;;
     mfu-b8-remat) mfu b8-remat 170 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_REMAT=true ;;
+    # batch 16: four microbatches of 4 or two of 8 (the optimizer update once per 16 rows), or one with remat
+    mfu-b16-acc4) mfu b16-acc4 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_PER_DEVICE=4 ;;
+    mfu-b16-acc8) mfu b16-acc8 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_PER_DEVICE=8 ;;
+    mfu-b16-remat) mfu b16-remat 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_REMAT=true ;;
     base) stamp "hand-written cuDNN step (gpu_llama1b.py pos-cudnn, batch 4)"
       (cd .gpu && GPU_BENCH_STEPS=10 timeout 150 python3 gpu_llama1b.py --size 1b --only pos-cudnn --out "$OUT/base.jsonl" \
         --timeout 140 >"$OUT/base.log" 2>&1); echo "rc=$?"; tail -n 2 "$OUT/base.log" ;;

@@ -14,7 +14,9 @@ Knobs: ``PONENTE_BENCH_MFU_SIZE`` (``1b`` or ``small``; default ``1b`` on GPU/TP
 steps, default 10), ``PONENTE_BENCH_MFU_SEGMENTS`` (``one``: one document per row, segment ids all 0, what the
 data loader gives for unpacked text, the default; ``packed``: documents of random lengths packed into each row;
 ``none``: no segment ids at all, like a hand-written causal step), ``PONENTE_BENCH_MFU_LOSS`` (``auto``, the
-default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise loss).
+default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise loss),
+``PONENTE_BENCH_MFU_PER_DEVICE`` (``trainer.per_device_parallelism``: examples per microbatch, the batch then
+accumulated over ``batch / per-device`` microbatches; default -1, one microbatch).
 On a GPU the peak device memory is recorded too.
 """
 
@@ -56,6 +58,19 @@ def _remat(text: str) -> bool | str:
     return {"false": False, "true": True}.get(text.lower(), text)
 
 
+def _per_device(text: str, batch: int) -> int:
+    """``PONENTE_BENCH_MFU_PER_DEVICE``: -1, or examples per microbatch dividing the batch."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value != -1 and (value < 1 or batch % value):
+        raise ValueError(
+            f"PONENTE_BENCH_MFU_PER_DEVICE: expected -1 or a divisor of the batch ({batch}), got {text!r}"
+        )
+    return value
+
+
 def _segment_ids(kind: str, batch: int, seq_len: int) -> np.ndarray:
     if kind in ("one", "none"):
         return np.zeros((batch, seq_len), np.int32)
@@ -91,11 +106,17 @@ def run(rec: Recorder) -> None:
     steps = int(os.environ.get("PONENTE_BENCH_STEPS", "10"))
     segments = os.environ.get("PONENTE_BENCH_MFU_SEGMENTS", "one")
     loss = os.environ.get("PONENTE_BENCH_MFU_LOSS", "auto")
+    per_device = _per_device(os.environ.get("PONENTE_BENCH_MFU_PER_DEVICE", "-1"), batch)
     mp, dtype = ("f32", "fp32") if platform == "cpu" else ("p=f32,c=bfloat16", "bf16")
     cfg = LlamaConfig(**sizes, gradient_checkpointing=remat)
     trainer = Trainer(
         TrainerConfig(
-            train_batch_size=batch, num_train_steps=10**6, mp=mp, compilation_cache_dir=None, progress_bar=False
+            train_batch_size=batch,
+            per_device_parallelism=per_device,
+            num_train_steps=10**6,
+            mp=mp,
+            compilation_cache_dir=None,
+            progress_bar=False,
         ),
         optax.adamw(1e-4, weight_decay=0.1),
         _loss(segments, loss),
@@ -117,6 +138,7 @@ def run(rec: Recorder) -> None:
     extra = {
         "shape": size,
         "batch": batch,
+        "microbatches": trainer.num_microbatches,
         "seq_len": cfg.seq_len,
         "vocab": vocab,
         "mp": mp,
