@@ -220,13 +220,14 @@ def _max_tokens_with_vocab(jaxpr: Any) -> int:
     return max(int(np.prod(s)) // V.size for s in shapes if V.size in s and sorted(s) != sorted((E.size, V.size)))
 
 
-def test_fused_loss_keeps_bfloat16() -> None:
+@pytest.mark.parametrize("groups", [1, 3])
+def test_fused_loss_keeps_bfloat16(groups: int) -> None:
     """bfloat16 inputs: bfloat16 gradients; the loss equals the plain loss over bfloat16 logits (a bf16 model's)."""
     hidden, head, targets, mask = _inputs(2)
     h16, w16 = hidden.astype(jnp.bfloat16), head.astype(jnp.bfloat16)
 
     def fused(h: NamedArray, w: NamedArray) -> jax.Array:
-        return fused_cross_entropy_loss(h, w, targets, weights=mask, chunk_size=3).scalar()
+        return fused_cross_entropy_loss(h, w, targets, weights=mask, chunk_size=3, groups=groups).scalar()
 
     def plain_bf16_logits(h: jax.Array, w: jax.Array) -> jax.Array:
         logits = jnp.einsum("bpe,ve->bpv", h, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)

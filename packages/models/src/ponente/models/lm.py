@@ -646,12 +646,9 @@ def _fused_chunks(
     total = jnp.sum(out[0])
     if not grads:
         return (total,)
-    return (
-        total,
-        out[1],
-        jnp.sum(out[2], axis=0, dtype=jnp.promote_types(w.dtype, jnp.float32)).astype(w.dtype),
-        out[3],
-    )
+    # the groups' gradients are added in their dtype: across devices, one all-reduce of the size of ``w`` (bfloat16 for
+    # a bfloat16 model, like the other weights' gradients)
+    return total, out[1], jnp.sum(out[2], axis=0, dtype=w.dtype), out[3]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
