@@ -46,11 +46,17 @@ for stage in $stages; do
       (cd .gpu && GPU_BENCH_STEPS=10 timeout 150 python3 gpu_llama1b.py --size 1b-b8 --only pos-cudnn --out "$OUT/base.jsonl" \
         --timeout 140 >"$OUT/base-b8.log" 2>&1); echo "rc=$?"; tail -n 2 "$OUT/base-b8.log" ;;
     profile) stamp "profile: Trainer step (batch 4, no segment ids) vs the hand-written cuDNN step"
-      PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=none PONENTE_BENCH_STEPS=3 timeout 150 \
+      # with the optimized HLO of both steps (hlo-*/...after_optimizations.txt), to match kernels to ops offline
+      XLA_FLAGS="--xla_dump_to=/tmp/hlo-ponente --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train.*" \
+        PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SEGMENTS=none PONENTE_BENCH_STEPS=3 timeout 150 \
         python3 -m benchmarks.gpu_profile ponente >"$OUT/profile-ponente.log" 2>&1; echo "rc=$?"
       grep -E "^---|^    " "$OUT/profile-ponente.log" | head -n 40
-      GPU_BENCH_STEPS=3 timeout 120 python3 -m benchmarks.gpu_profile positional >"$OUT/profile-positional.log" 2>&1
-      echo "rc=$?"; grep -E "^---|^    " "$OUT/profile-positional.log" | head -n 40 ;;
+      XLA_FLAGS="--xla_dump_to=/tmp/hlo-positional --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*update.*" \
+        GPU_BENCH_STEPS=3 timeout 120 python3 -m benchmarks.gpu_profile positional >"$OUT/profile-positional.log" 2>&1
+      echo "rc=$?"; grep -E "^---|^    " "$OUT/profile-positional.log" | head -n 40
+      for d in ponente positional; do
+        mkdir -p "$OUT/hlo-$d"; find "/tmp/hlo-$d" -name "*after_optimizations.txt" -size -20M -exec cp {} "$OUT/hlo-$d/" \;
+      done; ls -la "$OUT"/hlo-* ;;
     attention) stamp attention
       PONENTE_BENCH_ATTN_MASKS=${ATTN_MASKS:-causal,packed} PONENTE_BENCH_ATTN_SEQ_LENS=${ATTN_LENS:-512,1024,2048,4096,8192} timeout 200 python3 -m benchmarks run attention \
         -o "$OUT/attention.jsonl" >"$OUT/attention.log" 2>&1; echo "rc=$?"; grep -E "time_ratio|error" "$OUT/attention.log" | tail -n 40 ;;
