@@ -243,6 +243,20 @@ def test_named_jit_lower_shows_constraints_and_donation(mesh):
     assert "jax.buffer_donor" in text or "tf.aliasing_output" in text
 
 
+def test_named_jit_names_the_program_after_the_function():
+    def scaled_sum(x):
+        return hax.sum(x * 2)
+
+    class Step:
+        def train(self, x):
+            return x + 1
+
+    assert "@jit_scaled_sum" in P.named_jit(scaled_sum).lower(hax.ones((Batch,))).as_text()
+    assert "@jit_train" in P.named_jit(Step().train).lower(hax.ones((Batch,))).as_text()
+    # a callable without a usable name (a lambda) keeps the generic one
+    assert "@jit_body" in P.named_jit(lambda x: x).lower(hax.ones((Batch,))).as_text()
+
+
 def test_legacy_with_mesh_is_found(mesh):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -867,6 +867,11 @@ class _NamedJit:
             outputs[_signature(donated, kept)] = (out_treedef, template, out_arrays)
             return [out_leaves[i] for i in out_arrays]
 
+        # the compiled program is named after the function (``jit_train``, not ``jit_body``): profiler traces, XLA
+        # dumps and compilation logs then say which function a kernel or module belongs to
+        name = getattr(fn, "__name__", None)
+        if isinstance(name, str) and name.isidentifier():
+            body.__name__ = body.__qualname__ = name
         jitted = jax.jit(body, donate_argnums=(0,), **self.jit_args)
 
         def run(donated: list[Any], kept: list[Any]) -> Any:
