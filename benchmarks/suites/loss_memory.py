@@ -21,6 +21,13 @@ for the backward one (``[2048, 128256]``: 1 GiB in float32, 0.5 GiB in bfloat16)
 gradient. Measured (2026-11-26): on a CPU, fused 1.6 GB vs plain 12.6 GB at batch 4 (0.13) and vs 3.2 GB at batch 1
 (0.51); on an H100 (bfloat16), 0.53 GB vs 4.2 GB at batch 4 (0.13), and 0.53 vs 0.56 GB at batch 1, where XLA fuses
 the plain loss's softmax into little scratch. The blockwise loss takes 0.06-0.11 of the plain loss's.
+
+With several devices (e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` on a CPU) it also compiles the
+fused loss with the batch (``PONENTE_BENCH_LOSS_BATCH`` rows per device) sharded over all of them, and records
+what crosses devices per step: the all-reduces (inside the chunk loop, times its iterations, and after it) and
+their bytes, with one group (``groups=1``, the loss before groups existed) and with the default (one group per
+device, read from the axis mapping). Measured (2026-11-26, 8 CPU devices, batch 32): 64 all-reduces of the
+projection's gradient per step with one group, 1 with the default.
 Knobs: ``PONENTE_BENCH_LOSS_VOCAB``, ``PONENTE_BENCH_LOSS_SEQ``, ``PONENTE_BENCH_LOSS_EMBED``,
 ``PONENTE_BENCH_LOSS_BATCH``.
 """
@@ -28,12 +35,15 @@ Knobs: ``PONENTE_BENCH_LOSS_VOCAB``, ``PONENTE_BENCH_LOSS_SEQ``, ``PONENTE_BENCH
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import ponente.namedtensor as hax
+import ponente.namedtensor.partitioning as partitioning
 from ponente.models import blockwise_cross_entropy_loss
 from ponente.models.lm import FUSED_LOSS_BLOCK_SIZE, FUSED_LOSS_CHUNK_ELEMENTS, fused_cross_entropy_loss
 from ponente.namedtensor import NamedArray
@@ -50,6 +60,69 @@ def run(rec: Recorder) -> None:
     batch = int(os.environ.get("PONENTE_BENCH_LOSS_BATCH", "4"))
     for size in sorted({1, batch}):
         _measure(rec, vocab, seq, embed, size, "" if size == batch else f"/batch{size}")
+    if jax.device_count() > 1:
+        _data_parallel(rec, vocab, seq, embed, batch)
+
+
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "f64": 8}
+
+
+def _all_reduces_per_step(hlo: str) -> tuple[int, int]:
+    """All-reduces and their bytes per call of compiled HLO text, those in a loop body counted once per iteration."""
+    bodies: dict[str, list[str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            current = line.split(" ")[0]
+            bodies[current] = []
+        elif current is not None:
+            bodies[current].append(line)
+    iterations: dict[str, int] = {}
+    for cond, body in re.findall(r"condition=(%[\w.\-]+), body=(%[\w.\-]+)", hlo):
+        bounds = [int(b) for line in bodies.get(cond, []) for b in re.findall(r"s32\[\] constant\((\d+)\)", line)]
+        iterations[body] = max(bounds, default=1)
+    count = size = 0
+    for name, lines in bodies.items():
+        for line in lines:
+            if not re.search(r" all-reduce(-start)?\(", line):
+                continue
+            result = re.split(r" all-reduce(?:-start)?\(", line)[0].split("=", 1)[1]  # the result's type(s)
+            shapes = re.findall(r"(\w+)\[([\d,]*)\]", result)
+            nbytes = sum(_BYTES.get(t, 4) * int(np.prod([int(d) for d in dims.split(",") if d])) for t, dims in shapes)
+            count += iterations.get(name, 1)
+            size += iterations.get(name, 1) * nbytes
+    return count, size
+
+
+def _data_parallel(rec: Recorder, vocab: int, seq: int, embed: int, per_device: int) -> None:
+    devices = jax.device_count()
+    Batch, Pos, Embed, Vocab = hax.make_axes(batch=per_device * devices, position=seq, embed=embed, vocab=vocab)
+    mesh = partitioning.make_mesh({"data": devices})
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    shapes = (
+        ((Batch, Pos, Embed), dtype, {"batch": "data"}),
+        ((Embed, Vocab), dtype, {}),
+        ((Batch, Pos), jnp.int32, {"batch": "data"}),
+    )
+    args = [
+        jax.ShapeDtypeStruct(
+            tuple(ax.size for ax in axes), dt, sharding=partitioning.sharding_for_axis(axes, mapping, mesh)
+        )
+        for axes, dt, mapping in shapes
+    ]
+    extra = {"vocab": vocab, "seq_len": seq, "embed": embed, "batch": Batch.size, "devices": devices,
+             "dtype": jnp.dtype(dtype).name, "device": jax.devices()[0].device_kind}  # fmt: skip
+    for label, groups in (("one_group", 1), ("default", None)):
+
+        def fused(h: jax.Array, w: jax.Array, t: jax.Array, groups: int | None = groups) -> jax.Array:
+            named = (hax.named(h, (Batch, Pos, Embed)), hax.named(w, (Embed, Vocab)), hax.named(t, (Batch, Pos)))
+            return fused_cross_entropy_loss(*named, groups=groups).scalar()
+
+        with jax.set_mesh(mesh), partitioning.axis_mapping({"batch": "data"}):
+            hlo = jax.jit(jax.value_and_grad(fused, argnums=(0, 1))).lower(*args).compile().as_text()
+        count, size = _all_reduces_per_step(hlo)
+        rec.record(f"loss/fused/data_parallel/{label}", "all_reduces_per_step", float(count), "count", **extra)
+        rec.record(f"loss/fused/data_parallel/{label}", "all_reduce_bytes_per_step", float(size), "bytes", **extra)
 
 
 def _measure(rec: Recorder, vocab: int, seq: int, embed: int, batch: int, suffix: str) -> None:
