@@ -99,7 +99,7 @@ def _data_parallel(rec: Recorder, vocab: int, seq: int, embed: int, per_device: 
     Batch, Pos, Embed, Vocab = hax.make_axes(batch=per_device * devices, position=seq, embed=embed, vocab=vocab)
     mesh = partitioning.make_mesh({"data": devices})
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
-    shapes = (
+    shapes: tuple[tuple[tuple[hax.Axis, ...], Any, dict[str, str]], ...] = (
         ((Batch, Pos, Embed), dtype, {"batch": "data"}),
         ((Embed, Vocab), dtype, {}),
         ((Batch, Pos), jnp.int32, {"batch": "data"}),
@@ -120,7 +120,7 @@ def _data_parallel(rec: Recorder, vocab: int, seq: int, embed: int, per_device: 
 
         with jax.set_mesh(mesh), partitioning.axis_mapping({"batch": "data"}):
             hlo = jax.jit(jax.value_and_grad(fused, argnums=(0, 1))).lower(*args).compile().as_text()
-        count, size = _all_reduces_per_step(hlo)
+        count, size = _all_reduces_per_step(hlo or "")
         rec.record(f"loss/fused/data_parallel/{label}", "all_reduces_per_step", float(count), "count", **extra)
         rec.record(f"loss/fused/data_parallel/{label}", "all_reduce_bytes_per_step", float(size), "bytes", **extra)
 
