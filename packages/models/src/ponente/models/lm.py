@@ -680,7 +680,7 @@ def _axis_shards(axis: Axis) -> int:
     """How many shards ``axis`` is split into under the current axis mapping and mesh (1 without either)."""
     try:
         return hax.partitioning.physical_axis_size(axis) or 1
-    except ValueError:  # a mapping but no mesh: nothing is split
+    except ValueError:  # no mesh (nothing is split), or a mapping the mesh lacks (sharding the inputs reports it)
         return 1
 
 
