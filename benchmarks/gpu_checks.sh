@@ -3,8 +3,8 @@
 # trainer-mfu and attention suites, and the hand-written cuDNN step of ../shared/bench/gpu_llama1b.py (carried in
 # .gpu/) as the same-device baseline. Missing wheels (jmp, tensorboardX, zstandard) travel in .whl/.
 # Usage there: bash benchmarks/gpu_checks.sh STAGE... (stages: env tests mfu mfu-none mfu-plain mfu-packed mfu-b8
-# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat base base-b8 profile attention; the default is the plan
-# for the next lease, about 550 s). Results go to $OUT (JSON lines + logs).
+# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat mfu-unrolled mfu-b8-unrolled base base-b8 profile attention;
+# the default is the plan for the next lease, about 600 s). Results go to $OUT (JSON lines + logs).
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT" /tmp/site
@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 export PYTHONPATH="$PWD:$PWD/packages/namedtensor/src:$PWD/packages/datacache/src:$PWD/packages/models/src:$PWD/packages/trainer/src:/tmp/site"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 TF_CPP_MIN_LOG_LEVEL=2
-stages=${*:-env tests mfu mfu-b8 mfu-b16-acc4 base base-b8}
+stages=${*:-env tests mfu mfu-unrolled mfu-b8 mfu-b8-unrolled base base-b8}
 t0=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
 mfu() {  # label timeout env...
@@ -39,6 +39,9 @@ for stage in $stages; do
     mfu-b16-acc4) mfu b16-acc4 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_PER_DEVICE=4 ;;
     mfu-b16-acc8) mfu b16-acc8 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_PER_DEVICE=8 ;;
     mfu-b16-remat) mfu b16-remat 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_REMAT=true ;;
+    # model.scan_layers=false: the 16 layers unrolled in the compiled step (no loop, no stacked residual buffers)
+    mfu-unrolled) mfu b4-unrolled 200 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
+    mfu-b8-unrolled) mfu b8-unrolled 200 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
     base) stamp "hand-written cuDNN step (gpu_llama1b.py pos-cudnn, batch 4)"
       (cd .gpu && GPU_BENCH_STEPS=10 timeout 150 python3 gpu_llama1b.py --size 1b --only pos-cudnn --out "$OUT/base.jsonl" \
         --timeout 140 >"$OUT/base.log" 2>&1); echo "rc=$?"; tail -n 2 "$OUT/base.log" ;;

@@ -16,7 +16,8 @@ data loader gives for unpacked text, the default; ``packed``: documents of rando
 ``none``: no segment ids at all, like a hand-written causal step), ``PONENTE_BENCH_MFU_LOSS`` (``auto``, the
 default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise loss),
 ``PONENTE_BENCH_MFU_PER_DEVICE`` (``trainer.per_device_parallelism``: examples per microbatch, the batch then
-accumulated over ``batch / per-device`` microbatches; default -1, one microbatch).
+accumulated over ``batch / per-device`` microbatches; default -1, one microbatch), ``PONENTE_BENCH_MFU_SCAN_LAYERS``
+(the model's ``scan_layers``: ``true``, the default, a loop over the layers; ``false``, the layers unrolled).
 On a GPU the peak device memory is recorded too.
 """
 
@@ -56,6 +57,13 @@ SHAPES: dict[str, tuple[dict[str, Any], int]] = {
 
 def _remat(text: str) -> bool | str:
     return {"false": False, "true": True}.get(text.lower(), text)
+
+
+def _scan_layers(text: str) -> bool:
+    value = {"true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise ValueError(f"PONENTE_BENCH_MFU_SCAN_LAYERS: expected true or false, got {text!r}")
+    return value
 
 
 def _per_device(text: str, batch: int) -> int:
@@ -108,7 +116,8 @@ def run(rec: Recorder) -> None:
     loss = os.environ.get("PONENTE_BENCH_MFU_LOSS", "auto")
     per_device = _per_device(os.environ.get("PONENTE_BENCH_MFU_PER_DEVICE", "-1"), batch)
     mp, dtype = ("f32", "fp32") if platform == "cpu" else ("p=f32,c=bfloat16", "bf16")
-    cfg = LlamaConfig(**sizes, gradient_checkpointing=remat)
+    scan_layers = _scan_layers(os.environ.get("PONENTE_BENCH_MFU_SCAN_LAYERS", "true"))
+    cfg = LlamaConfig(**sizes, gradient_checkpointing=remat, scan_layers=scan_layers)
     trainer = Trainer(
         TrainerConfig(
             train_batch_size=batch,
@@ -143,6 +152,7 @@ def run(rec: Recorder) -> None:
         "vocab": vocab,
         "mp": mp,
         "remat": str(remat),
+        "scan_layers": scan_layers,
         "attn_backend": cfg.attn_backend,
         "segments": segments,
         "loss": loss,

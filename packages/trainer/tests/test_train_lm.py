@@ -53,6 +53,15 @@ def test_unknown_key_names_the_dotted_path():
         load_config(TrainLmConfig, ["gpt2_nano"], overrides=["trainer.num_trian_steps=3"])
 
 
+def test_scan_layers_is_a_model_key():
+    # Levanter's key: the layers unrolled in the compiled step (the model tests check the numerics)
+    assert load_config(TrainLmConfig, ["gpt2_nano"]).model.scan_layers is True
+    cfg = load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.scan_layers=false"])
+    assert cfg.model.scan_layers is False
+    with pytest.raises(ConfigError, match=r"model\.scan_layers"):
+        load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.scan_layers=sometimes"])
+
+
 def test_hf_save_steps_needs_a_path():
     with pytest.raises(ConfigError, match="hf_save_steps is set but hf_save_path is not"):
         load_config(TrainLmConfig, overrides=["hf_save_steps=10"])

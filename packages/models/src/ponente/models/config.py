@@ -226,6 +226,11 @@ class LmConfig(abc.ABC):
         num_kv_heads: key/value heads (``num_heads`` for multi-head attention, 1 for MQA).
         head_dim: the size of one head (None: ``hidden_dim // num_heads``).
         gradient_checkpointing: the ``Stacked`` checkpointing policy (see ``hax.nn.ScanCheckpointPolicy``).
+        scan_layers: run the layers as one compiled block in a loop (True, the default: ``jax.lax.scan``, compile
+            time independent of depth) or unrolled, one copy of the block per layer (False: XLA sees the whole
+            network and may schedule and fuse across layers, and compile time grows with depth). The parameters
+            stay stacked either way, so checkpoints, Hugging Face conversion and LoRA are the same; Levanter's key of
+            this name switches to separate per-layer parameters instead.
         attn_backend: the attention kernel, one of ``ponente.models.ATTENTION_BACKENDS``: ``"auto"`` (the fastest
             backend that supports the call on the device it runs on), ``"reference"`` (materialized scores),
             ``"flash"`` (blockwise, never materializing the full score matrix), ``"xla"``/``"cudnn"``
@@ -249,6 +254,7 @@ class LmConfig(abc.ABC):
     num_kv_heads: int = 12
     head_dim: int | None = None
     gradient_checkpointing: bool | str = False
+    scan_layers: bool = True
     attn_backend: str = "auto"
     flash_attention_block_size: int = 128
     vocab_padding_multiple: int = 1
@@ -259,6 +265,8 @@ class LmConfig(abc.ABC):
             raise ValueError(
                 f"{name}: attn_backend {self.attn_backend!r} is not supported; expected one of {ATTENTION_BACKENDS}"
             )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"{name}: scan_layers must be true or false, got {self.scan_layers!r}")
         if self.flash_attention_block_size <= 0:
             raise ValueError(
                 f"{name}: flash_attention_block_size must be positive, got {self.flash_attention_block_size}"
@@ -275,6 +283,11 @@ class LmConfig(abc.ABC):
                 f"{type(self).__name__}: hidden_dim ({self.hidden_dim}) is not divisible by num_heads "
                 f"({self.num_heads}); set head_dim explicitly"
             )
+
+    @property
+    def layer_unroll(self) -> bool | None:
+        """The ``unroll`` the models give their loop over layers: None (a loop) or True (unrolled; ``scan_layers``)."""
+        return None if self.scan_layers else True
 
     # axes ------------------------------------------------------------------------------------------
     @property

@@ -580,7 +580,9 @@ class GemmaLMHeadModel(LmHeadModel):
         del key
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
         kinds = layer_kinds(self.config.layout().layer_types, self.config.Layers)
-        x = self.transformer.layers.fold(self._embed(input_ids), mask, kinds, pos_ids=pos_ids)
+        x = self.transformer.layers.fold(
+            self._embed(input_ids), mask, kinds, pos_ids=pos_ids, unroll=self.config.layer_unroll
+        )
         return self.transformer.norm(x)
 
     def _embed(self, input_ids: NamedArray) -> NamedArray:
@@ -613,7 +615,7 @@ class GemmaLMHeadModel(LmHeadModel):
         kinds = layer_kinds(self.config.layout().layer_types, self.config.Layers)
         # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
         layer_ids = hax.arange(cache.keys.resolve_axis("layers"))
-        x, cache = self.transformer.layers.fold_via(_decode_block)(
+        x, cache = self.transformer.layers.fold_via(_decode_block, unroll=self.config.layer_unroll)(
             (self._embed(tokens), cache.at_layer(0)), layer_ids, pos_ids, sliding=kinds
         )
         return self._logits(self.transformer.norm(take_positions(x, logits_at))), cache.at_layer(None).for_prefill(

@@ -435,7 +435,7 @@ class Gpt2LMHeadModel(LmHeadModel):
         x = _dropout(x, self.config.embed_pdrop, k_embed)
         layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
         layer_keys = None if k_layers is None else jax.random.split(k_layers, self.config.num_layers)
-        x = self.transformer.h.fold(x, mask, layer_ids, layer_keys)
+        x = self.transformer.h.fold(x, mask, layer_ids, layer_keys, unroll=self.config.layer_unroll)
         return self.transformer.ln_f(x)
 
     def get_lm_head(self) -> NamedArray:
@@ -500,7 +500,9 @@ class Gpt2LMHeadModel(LmHeadModel):
         x = self.transformer.wte.embed(tokens) + self.transformer.wpe.embed(pos_ids)
         layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
         # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
-        x, cache = self.transformer.h.fold_via(_decode_block)((x, cache.at_layer(0)), pos_ids, layer_ids)
+        x, cache = self.transformer.h.fold_via(_decode_block, unroll=self.config.layer_unroll)(
+            (x, cache.at_layer(0)), pos_ids, layer_ids
+        )
         logits = self.transformer.wte.unembed(self.transformer.ln_f(take_positions(x, logits_at)))
         return mask_padded_vocab(logits, self.Vocab, self.vocab_size), cache.at_layer(None).for_prefill(False)
 

@@ -342,7 +342,7 @@ class LlamaLMHeadModel(LmHeadModel):
         del key
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
         x = self.transformer.embed_tokens.embed(input_ids)
-        x = self.transformer.layers.fold(x, mask, pos_ids=pos_ids)
+        x = self.transformer.layers.fold(x, mask, pos_ids=pos_ids, unroll=self.config.layer_unroll)
         return self.transformer.norm(x)
 
     def get_lm_head(self) -> NamedArray:
@@ -402,7 +402,7 @@ class LlamaLMHeadModel(LmHeadModel):
         x = self.transformer.embed_tokens.embed(tokens)
         # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
         layer_ids = hax.arange(cache.keys.resolve_axis("layers"))
-        x, cache = self.transformer.layers.fold_via(_decode_layer)(
+        x, cache = self.transformer.layers.fold_via(_decode_layer, unroll=self.config.layer_unroll)(
             (x, cache.at_layer(0)), layer_ids, pos_ids, **self._decode_kwargs()
         )
         cache = cache.at_layer(None).for_prefill(False)

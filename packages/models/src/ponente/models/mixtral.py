@@ -292,7 +292,9 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
         """
         del key
         x = self.transformer.embed_tokens.embed(input_ids)
-        x, routing = self.transformer.layers.scan(x, self._mask(input_ids, attn_mask), pos_ids=pos_ids)
+        x, routing = self.transformer.layers.scan(
+            x, self._mask(input_ids, attn_mask), pos_ids=pos_ids, unroll=self.config.layer_unroll
+        )
         balance = load_balancing_loss(routing.probs, routing.indices, self.config.Experts)
         return self.transformer.norm(x), {ROUTER_AUX_LOSS: balance * self.config.router_aux_loss_coef}
 
@@ -349,7 +351,9 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
             Router probabilities ``(layers, ..., experts)``, chosen experts and weights ``(layers, ..., top_k)``.
         """
         x = self.transformer.embed_tokens.embed(input_ids)
-        return self.transformer.layers.scan(x, self._mask(input_ids, attn_mask), pos_ids=pos_ids)[1]
+        return self.transformer.layers.scan(
+            x, self._mask(input_ids, attn_mask), pos_ids=pos_ids, unroll=self.config.layer_unroll
+        )[1]
 
     def to_hf_state_dict(self) -> dict[str, np.ndarray]:
         """The parameters under their Hugging Face names, experts one by one (``block_sparse_moe.experts.{e}.wN``).

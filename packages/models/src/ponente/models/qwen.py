@@ -311,7 +311,9 @@ class QwenLMHeadModel(MistralLMHeadModel):
         sliding_mask = with_sliding_window(attn_mask, config.sliding_window, input_ids.resolve_axis("position"))
         kinds = layer_kinds(config.resolved_layer_types(), self.config.Layers)
         x = self.transformer.embed_tokens.embed(input_ids)
-        x = self.transformer.layers.fold(x, mask, sliding_mask, kinds, pos_ids=pos_ids)
+        x = self.transformer.layers.fold(
+            x, mask, sliding_mask, kinds, pos_ids=pos_ids, unroll=self.config.layer_unroll
+        )
         return self.transformer.norm(x)
 
     def _decode_kwargs(self) -> dict[str, Any]:

@@ -101,6 +101,8 @@ class WhisperConfig:
         begin_suppress_tokens: ids not generated as the first new token.
         init_std: standard deviation of the random initialisation.
         gradient_checkpointing: recompute each block's activations in the backward pass.
+        scan_layers: run each stack's layers as one compiled block in a loop (True) or unrolled (False); the
+            parameters stay stacked either way (see ``LmConfig.scan_layers``).
     """
 
     vocab_size: int = 51865
@@ -123,8 +125,11 @@ class WhisperConfig:
     begin_suppress_tokens: tuple[int, ...] = ()
     init_std: float = 0.02
     gradient_checkpointing: bool = False
+    scan_layers: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"WhisperConfig: scan_layers must be true or false, got {self.scan_layers!r}")
         for heads, name in ((self.encoder_attention_heads, "encoder"), (self.decoder_attention_heads, "decoder")):
             if heads < 1 or self.d_model % heads:
                 raise ValueError(
@@ -152,6 +157,11 @@ class WhisperConfig:
         return dataclasses.replace(self, **{**_size(d_model, layers, heads), **overrides})
 
     # axes
+    @property
+    def layer_unroll(self) -> bool | None:
+        """The ``unroll`` of the loops over layers: None (a loop) or True (unrolled; ``scan_layers``)."""
+        return None if self.scan_layers else True
+
     @property
     def Embed(self) -> Axis:
         return Axis("embed", self.d_model)
@@ -517,7 +527,7 @@ class WhisperModel(eqx.Module):
                 f"({cfg.max_source_positions})"
             )
         positions = hax.named(jnp.asarray(sinusoids(n, cfg.d_model), x.dtype), ("source", "embed"))
-        x = enc.layers.fold(x + positions)
+        x = enc.layers.fold(x + positions, unroll=cfg.layer_unroll)
         return enc.layer_norm(x)
 
     def _embed(self, tokens: NamedArray, start: jax.Array | int = 0) -> NamedArray:
@@ -534,7 +544,7 @@ class WhisperModel(eqx.Module):
 
     def decode_logits(self, tokens: NamedArray, encoded: NamedArray) -> NamedArray:
         """Decoder logits ``(..., position, vocab)`` of ``tokens`` given the encoder output (teacher forcing)."""
-        x = self.model.decoder.layers.fold(self._embed(tokens), encoded)
+        x = self.model.decoder.layers.fold(self._embed(tokens), encoded, unroll=self.config.layer_unroll)
         return self._logits(x)
 
     def __call__(self, features: NamedArray, tokens: NamedArray, *, key: jax.Array | None = None) -> NamedArray:
@@ -577,7 +587,7 @@ class WhisperModel(eqx.Module):
         ) -> tuple[NamedArray, tuple[NamedArray, NamedArray]]:
             return layer.decode(x, keys, values, ck, cv, start)
 
-        x, (keys, values) = self.model.decoder.layers.scan_via(layer_fn)(
+        x, (keys, values) = self.model.decoder.layers.scan_via(layer_fn, unroll=self.config.layer_unroll)(
             x, state.keys, state.values, state.cross_keys, state.cross_values
         )
         n = tokens.resolve_axis("position").size
