@@ -364,6 +364,46 @@ def test_unroll_gives_the_loop_result(unroll):
         stacked.fold(x, unroll=0)
 
 
+def _remat_prevent_cse(fn, *args) -> list[bool]:
+    """The ``prevent_cse`` of every checkpoint in the jaxpr of ``grad(fn)``, nested ones included."""
+    found = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if "prevent_cse" in eqn.params:
+                found.append(eqn.params["prevent_cse"])
+            for param in eqn.params.values():
+                for value in param if isinstance(param, (list, tuple)) else (param,):
+                    inner = getattr(value, "jaxpr", value)
+                    if hasattr(inner, "eqns"):
+                        visit(inner)
+
+    visit(jax.make_jaxpr(jax.grad(fn))(*args).jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("policy", [True, "save_inputs", ["y"]])
+def test_fully_unrolled_checkpointing_prevents_cse(policy):
+    # unrolled over every layer the loop is straight-line code, where XLA could merge the recomputation with the
+    # forward pass it repeats (as BlockSeq's blocks): the checkpoint then prevents that; in a loop it need not
+    stacked = Stacked.init(Layers, Block, gradient_checkpointing=policy)(E, 0.5, key=_keys())
+    x = hax.random.normal(jax.random.key(2), (E,))
+
+    def loss(unroll):
+        return lambda x: stacked.fold(x, unroll=unroll).sum().scalar()
+
+    for unroll in (None, 1, 2):
+        assert set(_remat_prevent_cse(loss(unroll), x)) == {False}, unroll
+    for unroll in (True, Layers.size, Layers.size + 1):
+        assert set(_remat_prevent_cse(loss(unroll), x)) == {True}, unroll
+    scanned = stacked.scan_via(Block.with_output, unroll=True)
+    assert set(_remat_prevent_cse(lambda x: scanned(x)[0].sum().scalar(), x)) == {True}
+    # and the gradient is the loop's
+    np.testing.assert_allclose(jax.grad(loss(True))(x).array, jax.grad(loss(None))(x).array, rtol=1e-5)
+    unchecked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
+    assert _remat_prevent_cse(lambda x: unchecked.fold(x, unroll=True).sum().scalar(), x) == []
+
+
 def test_scan_with_blocks_that_return_one_value_is_an_error():
     stacked = Stacked.init(Layers, Block)(E, 0.5, key=_keys())
     x = hax.ones(E)

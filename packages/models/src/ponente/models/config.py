@@ -230,7 +230,8 @@ class LmConfig(abc.ABC):
             time independent of depth) or unrolled, one copy of the block per layer (False: XLA sees the whole
             network and may schedule and fuse across layers, and compile time grows with depth). The parameters
             stay stacked either way, so checkpoints, Hugging Face conversion and LoRA are the same; Levanter's key of
-            this name switches to separate per-layer parameters instead.
+            this name switches to separate per-layer parameters instead. Unrolled layers are checkpointed with
+            ``prevent_cse``; XLA's CPU backend still keeps every internal of straight-line code (no memory saved).
         attn_backend: the attention kernel, one of ``ponente.models.ATTENTION_BACKENDS``: ``"auto"`` (the fastest
             backend that supports the call on the device it runs on), ``"reference"`` (materialized scores),
             ``"flash"`` (blockwise, never materializing the full score matrix), ``"xla"``/``"cudnn"``

@@ -298,6 +298,18 @@ class Stacked(_LayerSequence[M]):
 
         return build
 
+    def _remat(self, unroll: int | bool) -> ScanCheckpointSpec:
+        """The checkpointing policy of a loop unrolled ``unroll`` steps per iteration.
+
+        Unrolled over every layer, the loop is straight-line code, and XLA would merge the backward pass's
+        recomputation with the forward pass it repeats (common subexpressions), keeping every internal and so
+        undoing the checkpointing: there, the policy prevents that, as :class:`BlockSeq`'s does.
+        """
+        whole = unroll is True or (not isinstance(unroll, bool) and unroll >= self.Block.size)
+        if not whole or self.gradient_checkpointing in (False, None, "none"):
+            return self.gradient_checkpointing
+        return _with_prevent_cse(self.gradient_checkpointing, True)
+
     def fold_via(self, fn: Callable[..., Any], *, unroll: Unroll = None) -> Callable[..., Any]:
         """Fold with ``fn(block, carry, *args, **kwargs) -> carry`` instead of calling the block.
 
@@ -315,7 +327,8 @@ class Stacked(_LayerSequence[M]):
             return fn(block, carry, *args, **kwargs)
 
         def run(init: Any, *args: Any, **kwargs: Any) -> Any:
-            fold = haliax.fold(step, self.Block, remat=self.gradient_checkpointing, unroll=_resolve_unroll(unroll))
+            steps = _resolve_unroll(unroll)
+            fold = haliax.fold(step, self.Block, remat=self._remat(steps), unroll=steps)
             return fold(init, self.stacked, *args, **kwargs)
 
         return run
@@ -337,7 +350,8 @@ class Stacked(_LayerSequence[M]):
             return fn(block, carry, *args, **kwargs)
 
         def run(init: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            scan = haliax.scan(step, self.Block, remat=self.gradient_checkpointing, unroll=_resolve_unroll(unroll))
+            steps = _resolve_unroll(unroll)
+            scan = haliax.scan(step, self.Block, remat=self._remat(steps), unroll=steps)
             return scan(init, self.stacked, *args, **kwargs)
 
         return run
