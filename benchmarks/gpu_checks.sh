@@ -3,8 +3,8 @@
 # trainer-mfu and attention suites, and the hand-written cuDNN step of ../shared/bench/gpu_llama1b.py (carried in
 # .gpu/) as the same-device baseline. Missing wheels (jmp, tensorboardX, zstandard) travel in .whl/.
 # Usage there: bash benchmarks/gpu_checks.sh STAGE... (stages: env tests mfu mfu-none mfu-plain mfu-packed mfu-b8
-# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat mfu-unrolled mfu-b8-unrolled base base-b8 profile attention;
-# the default is the plan for the next lease, about 550 s). Results go to $OUT (JSON lines + logs).
+# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat mfu-unrolled mfu-b8-unrolled mfu-flags base base-b8 profile
+# attention; the default is the plan for the next lease, about 550 s). Results go to $OUT (JSON lines + logs).
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT" /tmp/site
@@ -42,6 +42,9 @@ for stage in $stages; do
     # model.scan_layers=false: the 16 layers unrolled in the compiled step (no loop, no stacked residual buffers)
     mfu-unrolled) mfu b4-unrolled 200 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
     mfu-b8-unrolled) mfu b8-unrolled 200 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
+    # XLA's GPU flags: cuBLAS for every matrix product (no Triton GEMM fusions); MFU_XLA_FLAGS overrides the set
+    mfu-flags) mfu b4-flags 170 PONENTE_BENCH_MFU_BATCH=4 \
+      XLA_FLAGS="${MFU_XLA_FLAGS:---xla_gpu_enable_triton_gemm=false}" ;;
     base) stamp "hand-written cuDNN step (gpu_llama1b.py pos-cudnn, batch 4)"
       (cd .gpu && GPU_BENCH_STEPS=10 timeout 150 python3 gpu_llama1b.py --size 1b --only pos-cudnn --out "$OUT/base.jsonl" \
         --timeout 140 >"$OUT/base.log" 2>&1); echo "rc=$?"; tail -n 2 "$OUT/base.log" ;;
