@@ -92,3 +92,9 @@ from .kv_cache import KvCache  # noqa: E402
 
 __all__ += ["KvCache"]
 # --- end G1a exports ---
+
+# --- P1 exports ---
+from .remat import CHECKPOINT_NAMES  # noqa: E402
+
+__all__ += ["CHECKPOINT_NAMES"]
+# --- end P1 exports ---

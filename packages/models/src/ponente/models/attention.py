@@ -12,6 +12,7 @@ from .attention_backends import ATTENTION_BACKENDS, AttentionCall, check_backend
 from .attention_mask import AttentionMask
 from .kv_cache import CACHE_POSITION, KvCache, cached_attention
 from .reference_attention import KEY_POSITION, dot_product_attention
+from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
 __all__ = [
@@ -83,7 +84,8 @@ def attention(
         True
     """
     call = AttentionCall.of(Pos, HeadSize, query, key, value, mask, logit_soft_cap)
-    return resolve_backend(backend, call).fn(
+    query, key, value = tag((query, key, value), "attn_qkv")
+    out = resolve_backend(backend, call).fn(
         Pos,
         HeadSize,
         query,
@@ -94,6 +96,7 @@ def attention(
         block_size=block_size,
         logit_soft_cap=logit_soft_cap,
     )
+    return tag(out, "attn_context")
 
 
 class Attention(eqx.Module):
@@ -195,7 +198,7 @@ class Attention(eqx.Module):
             q = apply_rotary(q, Pos, HeadSize, self.rotary, pos_ids)
             k = apply_rotary(k, Pos, HeadSize, self.rotary, pos_ids)
         out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
-        return self.o_proj(out)
+        return tag(self.o_proj(out), "attn_out")
 
     def decode(
         self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None

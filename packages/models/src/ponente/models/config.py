@@ -17,6 +17,7 @@ from ponente.namedtensor import Axis, NamedArray
 
 from .attention import ATTENTION_BACKENDS
 from .lm import LmHeadModel
+from .remat import check_gradient_checkpointing
 
 __all__ = [
     "LmConfig",
@@ -225,7 +226,12 @@ class LmConfig(abc.ABC):
         num_heads: query heads.
         num_kv_heads: key/value heads (``num_heads`` for multi-head attention, 1 for MQA).
         head_dim: the size of one head (None: ``hidden_dim // num_heads``).
-        gradient_checkpointing: the ``Stacked`` checkpointing policy (see ``hax.nn.ScanCheckpointPolicy``).
+        gradient_checkpointing: what each layer keeps for the backward pass (the rest is recomputed): False (no
+            checkpointing: everything), True or ``"full"`` (only the layer's input: one more forward pass of compute),
+            another shortcut of ``hax.ScanCheckpointPolicy.from_bool_or_str`` (``"offload"``, ``"nested"``, ...), a
+            list of the block internals to keep as well (selective checkpointing; names from
+            :data:`ponente.models.remat.CHECKPOINT_NAMES`: ``attn_qkv``, ``attn_context``, ``attn_out``,
+            ``mlp_in``, ``mlp_out``), or a ``ScanCheckpointPolicy``.
         scan_layers: run the layers as one compiled block in a loop (True, the default: ``jax.lax.scan``, compile
             time independent of depth) or unrolled, one copy of the block per layer (False: XLA sees the whole
             network and may schedule and fuse across layers, and compile time grows with depth). The parameters
@@ -254,7 +260,7 @@ class LmConfig(abc.ABC):
     num_heads: int = 12
     num_kv_heads: int = 12
     head_dim: int | None = None
-    gradient_checkpointing: bool | str = False
+    gradient_checkpointing: bool | str | tuple[str, ...] = False
     scan_layers: bool = True
     attn_backend: str = "auto"
     flash_attention_block_size: int = 128
@@ -268,6 +274,11 @@ class LmConfig(abc.ABC):
             )
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"{name}: scan_layers must be true or false, got {self.scan_layers!r}")
+        object.__setattr__(
+            self,
+            "gradient_checkpointing",
+            check_gradient_checkpointing(self.gradient_checkpointing, f"{name}.gradient_checkpointing"),
+        )
         if self.flash_attention_block_size <= 0:
             raise ValueError(
                 f"{name}: flash_attention_block_size must be positive, got {self.flash_attention_block_size}"

@@ -23,6 +23,7 @@ from .attention_backends import check_soft_cap_backend
 from .config import LmConfig, _require, mask_padded_vocab, register_config
 from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
+from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
 __all__ = ["GemmaConfig", "GemmaLMHeadModel", "GemmaLayout", "GemmaRmsNorm"]
@@ -263,7 +264,8 @@ class GemmaMlp(eqx.Module):
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Apply the MLP to ``(..., embed)``."""
-        return self.down_proj(hax.nn.gelu(self.gate_proj(x), approximate=self.approximate) * self.up_proj(x))
+        gate, up = tag((self.gate_proj(x), self.up_proj(x)), "mlp_in")
+        return tag(self.down_proj(hax.nn.gelu(gate, approximate=self.approximate) * up), "mlp_out")
 
 
 class GemmaAttention(ModuleWithStateDictSerialization):
@@ -388,7 +390,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         def full() -> NamedArray:
             return attend(self.rope, None)
 
-        return a.o_proj(select_by_kind(sliding, local, full))
+        return tag(a.o_proj(select_by_kind(sliding, local, full)), "attn_out")
 
     def decode(
         self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, sliding: bool | NamedArray = False

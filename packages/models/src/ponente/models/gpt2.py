@@ -19,6 +19,7 @@ from .attention import KEY_POSITION, AttentionMask, attention, decode_attention
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
 from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
+from .remat import tag
 
 __all__ = ["Gpt2Config", "Gpt2LMHeadModel"]
 
@@ -201,7 +202,8 @@ class Gpt2Attention(eqx.Module):
         q = self._scaled_query(q, layer_idx)
         k_attn, k_resid = (None, None) if key is None else jax.random.split(key)
         if cfg.upcast_attn or (cfg.attn_pdrop > 0 and k_attn is not None):
-            out = _materialized_attention(Pos, HeadSize, q, k, v, mask, scale, cfg, k_attn)
+            q, k, v = tag((q, k, v), "attn_qkv")
+            out = tag(_materialized_attention(Pos, HeadSize, q, k, v, mask, scale, cfg, k_attn), "attn_context")
         else:
             out = attention(
                 Pos,
@@ -214,7 +216,7 @@ class Gpt2Attention(eqx.Module):
                 backend=cfg.attn_backend,
                 block_size=cfg.flash_attention_block_size,
             )
-        return _dropout(self.c_proj(out), cfg.resid_pdrop, k_resid)
+        return _dropout(tag(self.c_proj(out), "attn_out"), cfg.resid_pdrop, k_resid)
 
     def decode(
         self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray | int = 0
@@ -288,7 +290,7 @@ class Gpt2Mlp(eqx.Module):
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Apply the MLP to ``(..., embed)``."""
-        return self.c_proj(hax.nn.gelu(self.c_fc(x), approximate=True))
+        return tag(self.c_proj(hax.nn.gelu(tag(self.c_fc(x), "mlp_in"), approximate=True)), "mlp_out")
 
 
 class Gpt2Block(eqx.Module):

@@ -18,6 +18,7 @@ from .attention import Attention, AttentionMask, attention
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
 from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
+from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
 __all__ = ["LlamaConfig", "LlamaLMHeadModel", "QkNormAttention"]
@@ -130,7 +131,8 @@ class LlamaMlp(eqx.Module):
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Apply the MLP to ``(..., embed)``."""
-        return self.down_proj(hax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = tag((self.gate_proj(x), self.up_proj(x)), "mlp_in")
+        return tag(self.down_proj(hax.nn.silu(gate) * up), "mlp_out")
 
 
 class QkNormAttention(ModuleWithStateDictSerialization):
@@ -188,7 +190,8 @@ class QkNormAttention(ModuleWithStateDictSerialization):
         if a.rotary is not None:
             q = apply_rotary(q, Pos, HeadSize, a.rotary, pos_ids)
             k = apply_rotary(k, Pos, HeadSize, a.rotary, pos_ids)
-        return a.o_proj(attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size))
+        out = attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size)
+        return tag(a.o_proj(out), "attn_out")
 
     def decode(
         self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None

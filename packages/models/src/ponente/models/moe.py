@@ -15,6 +15,8 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
+from .remat import tag
+
 __all__ = ["MOE_DISPATCHES", "MoeMlp", "RouterOutput", "load_balancing_loss", "route_top_k"]
 
 MOE_DISPATCHES = ("dense", "sorted")
@@ -194,16 +196,16 @@ class MoeMlp(ModuleWithStateDictSerialization):
         """
         routing = self.route(x)
         if self.dispatch == "sorted":
-            return self._sorted(x, routing), routing
+            return tag(self._sorted(x, routing), "mlp_out"), routing
         Experts = self.Experts
         # dense [tokens..., experts] combination weights, zero outside each token's top-k
         combine = hax.sum(
             hax.nn.one_hot(routing.indices, Experts, dtype=x.dtype) * routing.weights.astype(x.dtype), TOP_K
         )
         Embed = x.resolve_axis("embed")
-        hidden = hax.nn.silu(hax.dot(x, self.gate_proj, axis=Embed)) * hax.dot(x, self.up_proj, axis=Embed)
-        out = hax.dot(hidden * combine, self.down_proj, axis=(Experts.name, "mlp"))
-        return out, routing
+        gate, up = tag((hax.dot(x, self.gate_proj, axis=Embed), hax.dot(x, self.up_proj, axis=Embed)), "mlp_in")
+        out = hax.dot(hax.nn.silu(gate) * up * combine, self.down_proj, axis=(Experts.name, "mlp"))
+        return tag(out, "mlp_out"), routing
 
     def _sorted(self, x: NamedArray, routing: RouterOutput) -> NamedArray:
         """The ``"sorted"`` dispatch: grouped matrix products over the assignments sorted by expert."""
@@ -220,7 +222,8 @@ class MoeMlp(ModuleWithStateDictSerialization):
         w1 = self.gate_proj.rearrange(("experts", "embed", "mlp")).array
         w3 = self.up_proj.rearrange(("experts", "embed", "mlp")).array
         w2 = self.down_proj.rearrange(("experts", "mlp", "embed")).array
-        hidden = jax.nn.silu(jax.lax.ragged_dot(xs, w1, group_sizes)) * jax.lax.ragged_dot(xs, w3, group_sizes)
+        gate, up = tag((jax.lax.ragged_dot(xs, w1, group_sizes), jax.lax.ragged_dot(xs, w3, group_sizes)), "mlp_in")
+        hidden = jax.nn.silu(gate) * up
         ys = jax.lax.ragged_dot(hidden, w2, group_sizes) * weights[order][:, None].astype(x.dtype)
         out = jnp.zeros_like(tokens).at[source].add(ys)
         return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))

@@ -36,6 +36,7 @@ from ponente.namedtensor.nn import Conv, Embedding, LayerNorm, Linear, Stacked
 from ponente.namedtensor.state_dict import from_torch_compatible_state_dict, to_torch_compatible_state_dict
 
 from .config import _require
+from .remat import check_gradient_checkpointing, tag
 
 __all__ = ["WHISPER_PRESETS", "WhisperConfig", "WhisperDecodeState", "WhisperModel", "sinusoids"]
 
@@ -100,7 +101,8 @@ class WhisperConfig:
         suppress_tokens: ids never generated.
         begin_suppress_tokens: ids not generated as the first new token.
         init_std: standard deviation of the random initialisation.
-        gradient_checkpointing: recompute each block's activations in the backward pass.
+        gradient_checkpointing: what each block keeps for the backward pass (see ``LmConfig.gradient_checkpointing``:
+            False, True, a shortcut such as ``"offload"``, or a list of :data:`ponente.models.remat.CHECKPOINT_NAMES`).
         scan_layers: run each stack's layers as one compiled block in a loop (True) or unrolled (False); the
             parameters stay stacked either way (see ``LmConfig.scan_layers``).
     """
@@ -124,12 +126,17 @@ class WhisperConfig:
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
     init_std: float = 0.02
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | str | tuple[str, ...] = False
     scan_layers: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"WhisperConfig: scan_layers must be true or false, got {self.scan_layers!r}")
+        object.__setattr__(
+            self,
+            "gradient_checkpointing",
+            check_gradient_checkpointing(self.gradient_checkpointing, "WhisperConfig.gradient_checkpointing"),
+        )
         for heads, name in ((self.encoder_attention_heads, "encoder"), (self.decoder_attention_heads, "decoder")):
             if heads < 1 or self.d_model % heads:
                 raise ValueError(
@@ -294,17 +301,19 @@ class WhisperAttention(eqx.Module):
 
     def project_kv(self, x: NamedArray, Pos: str) -> tuple[NamedArray, NamedArray]:
         """Keys and values of ``x``, with ``Pos`` renamed to ``key_position`` (the axis attention reduces over)."""
-        return self.k_proj(x).rename({Pos: "key_position"}), self.v_proj(x).rename({Pos: "key_position"})
+        k, v = self.k_proj(x).rename({Pos: "key_position"}), self.v_proj(x).rename({Pos: "key_position"})
+        return tag((k, v), "attn_qkv")
 
     def attend(self, x: NamedArray, k: NamedArray, v: NamedArray, mask: NamedArray | None) -> NamedArray:
         """Queries from ``x`` over keys/values with a ``key_position`` axis (``mask``: True where allowed)."""
-        q = self.q_proj(x)
+        q = tag(self.q_proj(x), "attn_qkv")
         head_size = q.resolve_axis("head_size").size
         scores = hax.dot(q * (head_size**-0.5), k, axis="head_size")
         if mask is not None:
             scores = hax.where(mask, scores, jnp.finfo(scores.dtype).min)
         weights = hax.nn.softmax(scores.astype(jnp.float32), axis="key_position").astype(v.dtype)
-        return self.out_proj(hax.dot(weights, v, axis="key_position"))
+        context = tag(hax.dot(weights, v, axis="key_position"), "attn_context")
+        return tag(self.out_proj(context), "attn_out")
 
 
 class _Mlp(eqx.Module):
@@ -321,7 +330,7 @@ class _Mlp(eqx.Module):
         )
 
     def __call__(self, x: NamedArray) -> NamedArray:
-        return self.fc2(hax.nn.gelu(self.fc1(x), approximate=False))
+        return tag(self.fc2(hax.nn.gelu(tag(self.fc1(x), "mlp_in"), approximate=False)), "mlp_out")
 
 
 class WhisperEncoderLayer(eqx.Module):
