@@ -3,7 +3,7 @@
 # trainer-mfu and attention suites, and the hand-written cuDNN step of ../shared/bench/gpu_llama1b.py (carried in
 # .gpu/) as the same-device baseline. Missing wheels (jmp, tensorboardX, zstandard) travel in .whl/.
 # Usage there: bash benchmarks/gpu_checks.sh STAGE... (stages: env tests mfu mfu-none mfu-plain mfu-packed mfu-b8
-# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat mfu-unrolled mfu-b8-unrolled mfu-flags base base-b8 profile
+# mfu-b8-remat mfu-b16-acc4 mfu-b16-acc8 mfu-b16-remat mfu-b8-dots mfu-b16-dots mfu-unrolled mfu-b8-unrolled mfu-flags base base-b8 profile
 # attention; the default is the plan for the next lease, about 550 s). Results go to $OUT (JSON lines + logs).
 set -u
 OUT=${OUT:-/tmp/gpu_out}
@@ -39,6 +39,9 @@ for stage in $stages; do
     mfu-b16-acc4) mfu b16-acc4 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_PER_DEVICE=4 ;;
     mfu-b16-acc8) mfu b16-acc8 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_PER_DEVICE=8 ;;
     mfu-b16-remat) mfu b16-remat 200 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_REMAT=true ;;
+    # selective checkpointing: every projection's output kept, the attention kernel and the elementwise ops recomputed
+    mfu-b8-dots) mfu b8-dots 200 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_REMAT=attn_qkv,attn_context,attn_out,mlp_in,mlp_out ;;
+    mfu-b16-dots) mfu b16-dots 220 PONENTE_BENCH_MFU_BATCH=16 PONENTE_BENCH_MFU_REMAT=attn_qkv,attn_context,attn_out,mlp_in,mlp_out ;;
     # model.scan_layers=false: the 16 layers unrolled in the compiled step (no loop, no stacked residual buffers)
     mfu-unrolled) mfu b4-unrolled 200 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
     mfu-b8-unrolled) mfu b8-unrolled 200 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;

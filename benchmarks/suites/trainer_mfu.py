@@ -10,7 +10,8 @@ and only tokens/s are recorded.
 
 Knobs: ``PONENTE_BENCH_MFU_SIZE`` (``1b`` or ``small``; default ``1b`` on GPU/TPU, ``small`` on CPU),
 ``PONENTE_BENCH_MFU_BATCH`` (default 4 for ``1b``, 2 for ``small``), ``PONENTE_BENCH_MFU_REMAT`` (the model's
-``gradient_checkpointing``: ``false``, ``true``, ``offload``, ...; default ``false``), ``PONENTE_BENCH_STEPS`` (timed
+``gradient_checkpointing``: ``false``, ``true``, ``offload``, ...; or the block internals to keep, separated by commas,
+e.g. ``attn_qkv,attn_context,attn_out,mlp_in,mlp_out``: selective checkpointing; default ``false``), ``PONENTE_BENCH_STEPS`` (timed
 steps, default 10), ``PONENTE_BENCH_MFU_SEGMENTS`` (``one``: one document per row, segment ids all 0, what the
 data loader gives for unpacked text, the default; ``packed``: documents of random lengths packed into each row;
 ``none``: no segment ids at all, like a hand-written causal step), ``PONENTE_BENCH_MFU_LOSS`` (``auto``, the
@@ -33,7 +34,7 @@ import optax
 
 import ponente.namedtensor as hax
 from benchmarks.harness import packed_segment_ids, time_fn
-from ponente.models import LlamaConfig, LmExample, compute_next_token_loss
+from ponente.models import CHECKPOINT_NAMES, LlamaConfig, LmExample, compute_next_token_loss
 from ponente.trainer.lm import lm_batch, lm_loss_fn
 from ponente.trainer.mfu import device_peak_flops, mfu
 from ponente.trainer.trainer import Trainer, TrainerConfig
@@ -55,7 +56,10 @@ SHAPES: dict[str, tuple[dict[str, Any], int]] = {
 }  # fmt: skip
 
 
-def _remat(text: str) -> bool | str:
+def _remat(text: str) -> bool | str | tuple[str, ...]:
+    """``PONENTE_BENCH_MFU_REMAT``: a bool, a policy name, or internals to keep separated by commas."""
+    if "," in text or text in CHECKPOINT_NAMES:
+        return tuple(name.strip() for name in text.split(",") if name.strip())
     return {"false": False, "true": True}.get(text.lower(), text)
 
 

@@ -62,6 +62,14 @@ def test_scan_layers_is_a_model_key():
         load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.scan_layers=sometimes"])
 
 
+def test_selective_gradient_checkpointing_is_a_model_key():
+    # a list of the blocks' internals to keep (the model tests check what is kept and the gradients)
+    cfg = load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.gradient_checkpointing=[attn_qkv, mlp_in]"])
+    assert cfg.model.gradient_checkpointing == ("attn_qkv", "mlp_in")
+    with pytest.raises(ConfigError, match=r"gradient_checkpointing: unknown internal name\(s\) \['mlp'\]"):
+        load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.gradient_checkpointing=[attn_qkv, mlp]"])
+
+
 def test_hf_save_steps_needs_a_path():
     with pytest.raises(ConfigError, match="hf_save_steps is set but hf_save_path is not"):
         load_config(TrainLmConfig, overrides=["hf_save_steps=10"])
