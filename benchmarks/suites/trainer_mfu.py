@@ -11,15 +11,16 @@ and only tokens/s are recorded.
 Knobs: ``PONENTE_BENCH_MFU_SIZE`` (``1b`` or ``small``; default ``1b`` on GPU/TPU, ``small`` on CPU),
 ``PONENTE_BENCH_MFU_BATCH`` (default 4 for ``1b``, 2 for ``small``), ``PONENTE_BENCH_MFU_REMAT`` (the model's
 ``gradient_checkpointing``: ``false``, ``true``, ``offload``, ...; or the block internals to keep, separated by commas,
-e.g. ``attn_qkv,attn_context,attn_out,mlp_in,mlp_out``: selective checkpointing; default ``false``), ``PONENTE_BENCH_STEPS`` (timed
-steps, default 10), ``PONENTE_BENCH_MFU_SEGMENTS`` (``one``: one document per row, segment ids all 0, what the
-data loader gives for unpacked text, the default; ``packed``: documents of random lengths packed into each row;
-``none``: no segment ids at all, like a hand-written causal step), ``PONENTE_BENCH_MFU_LOSS`` (``auto``, the
-default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise loss),
-``PONENTE_BENCH_MFU_PER_DEVICE`` (``trainer.per_device_parallelism``: examples per microbatch, the batch then
+e.g. ``attn_qkv,attn_context,attn_out,mlp_in,mlp_out``: selective checkpointing; default ``false``),
+``PONENTE_BENCH_STEPS`` (timed steps, default 10), ``PONENTE_BENCH_MFU_SEGMENTS`` (``one``: one document per row,
+segment ids all 0, what the data loader gives for unpacked text, the default; ``packed``: documents of random lengths
+packed into each row; ``none``: no segment ids at all, like a hand-written causal step), ``PONENTE_BENCH_MFU_LOSS``
+(``auto``, the default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise
+loss), ``PONENTE_BENCH_MFU_PER_DEVICE`` (``trainer.per_device_parallelism``: examples per microbatch, the batch then
 accumulated over ``batch / per-device`` microbatches; default -1, one microbatch), ``PONENTE_BENCH_MFU_SCAN_LAYERS``
 (the model's ``scan_layers``: ``true``, the default, a loop over the layers; ``false``, the layers unrolled).
-On a GPU the peak device memory is recorded too.
+The compiled step's scratch memory (XLA's ``memory_analysis``: the temporaries, activations kept for the backward
+pass included) is recorded on every device; on a GPU the peak device memory is recorded too.
 """
 
 from __future__ import annotations
@@ -144,8 +145,10 @@ def run(rec: Recorder) -> None:
         jax.block_until_ready(metrics["loss"])
 
     start = time.perf_counter()
+    compiled = trainer.compile_step(state[0], example)  # the first step below reuses it
     step()
     compile_seconds = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
     seconds = time_fn(step, warmup=1, repeat=steps)
     tokens = batch * cfg.seq_len
     extra = {
@@ -163,6 +166,8 @@ def run(rec: Recorder) -> None:
         "device": jax.devices()[0].device_kind,
     }
     rec.record(f"llama_{size}", "first_step_time", compile_seconds, "s", **extra)
+    if analysis is not None:  # what XLA planned: the step's temporaries (activations kept for the backward pass...)
+        rec.record(f"llama_{size}", "compiled_scratch", float(analysis.temp_size_in_bytes), "bytes", **extra)
     memory = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in memory:
         rec.record(f"llama_{size}", "peak_memory", float(memory["peak_bytes_in_use"]), "bytes", **extra)

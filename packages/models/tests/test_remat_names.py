@@ -161,7 +161,7 @@ def test_a_list_becomes_a_hashable_tuple() -> None:
 @pytest.mark.parametrize(
     ("value", "match"),
     [
-        (["attn_qkv", "mlp_hidden"], r"LlamaConfig\.gradient_checkpointing: unknown internal name\(s\) \['mlp_hidden'\]"),
+        (["attn_qkv", "mlp_hid"], r"LlamaConfig\.gradient_checkpointing: unknown internal name\(s\) \['mlp_hid'\]"),
         ("sometimes", r"LlamaConfig\.gradient_checkpointing: unknown gradient checkpointing policy 'sometimes'"),
         (3, r"LlamaConfig\.gradient_checkpointing must be a bool, a policy name"),
         (ScanCheckpointPolicy(save_block_internals=["q"]), r"unknown internal name\(s\) \['q'\]"),

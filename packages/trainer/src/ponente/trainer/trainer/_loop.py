@@ -341,7 +341,7 @@ class Trainer:
         model = self.mp.cast_to_param(model_init(model_key))
         return init_state(model, self.optimizer, training_key, is_trainable=is_trainable.value)
 
-    def compile_step(self, state: TrainerState, batch: Any) -> None:
+    def compile_step(self, state: TrainerState, batch: Any) -> jax.stages.Compiled:
         """Compile the training step for a state and batches like these, without running it.
 
         The next :meth:`train_step` (or :meth:`train`) with arrays of the same shapes, dtypes and shardings
@@ -356,6 +356,10 @@ class Trainer:
             batch: a batch with the layout of the training batches: the whole global batch, or (several
                 processes) this process's rows, as :meth:`shard_batch` takes.
 
+        Returns:
+            The compiled step: its ``memory_analysis()`` and ``cost_analysis()`` say what XLA planned (e.g. the
+            scratch memory of the step under a ``gradient_checkpointing`` policy).
+
         Raises:
             ValueError: if the batch does not have ``train_batch_size`` examples.
 
@@ -364,15 +368,16 @@ class Trainer:
             >>> cfg = TrainerConfig(train_batch_size=4, num_train_steps=2, compilation_cache_dir=None)
             >>> trainer = Trainer(cfg, optax.sgd(0.1), lambda model, batch, *, key: jnp.mean((batch - model) ** 2))
             >>> state = trainer.initial_state(lambda key: jnp.zeros(()))
-            >>> trainer.compile_step(state, jnp.zeros(4))  # the step below does not compile again
+            >>> compiled = trainer.compile_step(state, jnp.zeros(4))  # the step below does not compile again
             >>> state, metrics = trainer.train_step(state, jnp.ones(4))
         """
         placed = self.shard_batch(batch)
         check_batch(placed, self.config.batch_axis, self.config.train_batch_size)
         start = time.perf_counter()
         with self._on_mesh():
-            self._step.lower(state, *BatchLayout.strip(placed)).compile()
+            compiled = self._step.lower(state, *BatchLayout.strip(placed)).compile()
         logger.debug("training step compiled in %.2f s", time.perf_counter() - start)
+        return compiled
 
     def train_step(self, state: TrainerState, batch: Any) -> tuple[TrainerState, dict[str, jax.Array]]:
         """One optimizer step on ``batch`` (compiled once; ``state`` is donated, so do not reuse it).
