@@ -146,8 +146,13 @@ def test_selective_checkpointing_memory_lies_between_none_and_full() -> None:
 
 def test_names_in_a_policy_offload_block_internals() -> None:
     policy = ScanCheckpointPolicy(save_block_internals=["attn_qkv"], offload_block_internals=["mlp_in"])
-    config = CONFIGS["llama"](gradient_checkpointing=policy)
-    assert config.gradient_checkpointing is policy
+    assert CONFIGS["llama"](gradient_checkpointing=policy).gradient_checkpointing is policy
+    loss, params = _loss_fn(_build("llama", 4))
+    grads = jax.jit(jax.grad(loss))(params)
+    loss_o, params_o = _loss_fn(_build("llama", 4, gradient_checkpointing=policy))
+    grads_o = jax.jit(jax.grad(loss_o))(params_o)  # the MLP's projections go to host memory and back
+    for g, g_o in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_o), strict=True):
+        np.testing.assert_allclose(g_o, g, rtol=1e-4, atol=1e-6)
 
 
 def test_a_list_becomes_a_hashable_tuple() -> None:

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ponente.namedtensor as hax
 import ponente.trainer
-from ponente.trainer.config import ConfigError, load_config
+from ponente.trainer.config import ConfigError, config_to_yaml, load_config
 from ponente.trainer.lm import lm_batch
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig, config_differences
@@ -62,12 +63,21 @@ def test_scan_layers_is_a_model_key():
         load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.scan_layers=sometimes"])
 
 
-def test_selective_gradient_checkpointing_is_a_model_key():
+def test_selective_gradient_checkpointing_is_a_model_key(tmp_path):
     # a list of the blocks' internals to keep (the model tests check what is kept and the gradients)
     cfg = load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.gradient_checkpointing=[attn_qkv, mlp_in]"])
     assert cfg.model.gradient_checkpointing == ("attn_qkv", "mlp_in")
     with pytest.raises(ConfigError, match=r"gradient_checkpointing: unknown internal name\(s\) \['mlp'\]"):
         load_config(TrainLmConfig, ["gpt2_nano"], overrides=["model.gradient_checkpointing=[attn_qkv, mlp]"])
+    # a policy as a mapping: named internals kept on the device or moved to host memory; it survives the saved config
+    policy = "{save_block_internals: [attn_qkv], offload_block_internals: [mlp_in]}"
+    cfg = load_config(TrainLmConfig, ["gpt2_nano"], overrides=[f"model.gradient_checkpointing={policy}"])
+    assert cfg.model.gradient_checkpointing == hax.ScanCheckpointPolicy(
+        save_block_internals=["attn_qkv"], offload_block_internals=["mlp_in"]
+    )
+    saved = tmp_path / "config.yaml"
+    saved.write_text(config_to_yaml(cfg))
+    assert load_config(TrainLmConfig, [str(saved)]) == cfg
 
 
 def test_hf_save_steps_needs_a_path():

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ponente.namedtensor as hax
-from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor import Axis, NamedArray, ScanCheckpointPolicy
 
 from .attention import ATTENTION_BACKENDS
 from .lm import LmHeadModel
@@ -260,7 +260,7 @@ class LmConfig(abc.ABC):
     num_heads: int = 12
     num_kv_heads: int = 12
     head_dim: int | None = None
-    gradient_checkpointing: bool | str | tuple[str, ...] = False
+    gradient_checkpointing: bool | str | tuple[str, ...] | ScanCheckpointPolicy = False
     scan_layers: bool = True
     attn_backend: str = "auto"
     flash_attention_block_size: int = 128

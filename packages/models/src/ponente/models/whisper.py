@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ponente.namedtensor as hax
-from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor import Axis, NamedArray, ScanCheckpointPolicy
 from ponente.namedtensor.nn import Conv, Embedding, LayerNorm, Linear, Stacked
 from ponente.namedtensor.state_dict import from_torch_compatible_state_dict, to_torch_compatible_state_dict
 
@@ -126,7 +126,7 @@ class WhisperConfig:
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
     init_std: float = 0.02
-    gradient_checkpointing: bool | str | tuple[str, ...] = False
+    gradient_checkpointing: bool | str | tuple[str, ...] | ScanCheckpointPolicy = False
     scan_layers: bool = True
 
     def __post_init__(self) -> None:
