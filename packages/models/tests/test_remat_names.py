@@ -4,7 +4,6 @@ recomputes what the names do not cover, and a name the blocks do not tag is an e
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -158,9 +157,8 @@ def test_names_in_a_policy_offload_block_internals() -> None:
 def test_a_list_becomes_a_hashable_tuple() -> None:
     config = CONFIGS["llama"](gradient_checkpointing=["attn_context", "mlp_out"])
     assert config.gradient_checkpointing == ("attn_context", "mlp_out")
-    hash(config)
-    counts = collections.Counter(config.gradient_checkpointing)
-    assert counts == {"attn_context": 1, "mlp_out": 1}
+    # equal configs hash alike, so a model (which holds its config as a static field) compiles once
+    assert hash(config) == hash(CONFIGS["llama"](gradient_checkpointing=("attn_context", "mlp_out")))
 
 
 @pytest.mark.parametrize(
