@@ -12,8 +12,9 @@ The names (:data:`CHECKPOINT_NAMES`), in the order a block computes them:
 
 - ``attn_qkv``: the queries, keys and values as they enter the attention kernel (after the projections, the
   QK norm and the rotary embedding). Kept, the backward pass does not recompute the three input projections.
-- ``attn_context``: the attention kernel's output, before the output projection. Kept, the backward pass does
-  not run the kernel's forward again (on a GPU the costliest recomputation of a layer).
+- ``attn_context``: the attention kernel's output, before the output projection. Kept, the output projection's
+  gradient does not need the kernel again; the kernel's own backward still does: the softmax probabilities (or a
+  fused kernel's running maximum and sum) are not named values, so the kernel runs forward again for them.
 - ``attn_out``: the attention sublayer's output (after the output projection, before the residual sum).
 - ``mlp_in``: the MLP's input projections before the activation (gate and up of a gated MLP; ``c_fc``/``fc1`` of
   GPT-2 and Whisper; every expert's of a mixture of experts).
