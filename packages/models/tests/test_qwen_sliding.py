@@ -239,7 +239,9 @@ def test_mixed_stack_equals_its_layers_run_one_by_one() -> None:
     def one_by_one(model: Any, ids: hax.NamedArray) -> hax.NamedArray:
         # a second code path: no scan, no per-layer flag, each layer given its own mask
         first, second = model.transformer.layers.unstacked()
-        x = second(first(model.transformer.embed_tokens.embed(ids), AttentionMask.causal()), AttentionMask.causal(3))
+        full, window = AttentionMask.causal(), AttentionMask.causal(3)
+        x, _, _ = first(model.transformer.embed_tokens.embed(ids), full, full, False, window=None)
+        x, _, _ = second(x, window, window, True, window=3)
         return model.lm_head(model.transformer.norm(x))
 
     expected = one_by_one(model, hax.named(jnp.asarray(ids), ("batch", "position")))

@@ -110,7 +110,7 @@ def test_unrolled_layers_equal_a_python_loop_over_the_layers() -> None:
                        ("batch", "position"))  # fmt: skip
     x = model.transformer.embed_tokens.embed(tokens)
     for layer in model.transformer.layers.unstacked():
-        x = layer(x, AttentionMask.causal())
+        x, _, _ = layer(x, AttentionMask.causal())
     expected = model.transformer.norm(x)
     got = eqx.filter_jit(lambda m, t: m.activations(t))(_unrolled(model), tokens)
     np.testing.assert_allclose(got.rearrange(expected.axes).array, expected.array, rtol=1e-5, atol=1e-5)

@@ -40,7 +40,7 @@ __all__ += ["ATTENTION_BACKENDS", "blockwise_cross_entropy_loss", "fused_cross_e
 
 # --- M2 exports ---
 from .config import mask_padded_vocab, padded_vocab_size  # noqa: E402
-from .llama import QkNormAttention  # noqa: E402
+from .decoder import QkNormAttention  # noqa: E402
 
 __all__ += ["QkNormAttention", "mask_padded_vocab", "padded_vocab_size"]
 # --- end M2 exports ---

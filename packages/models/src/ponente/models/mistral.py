@@ -8,10 +8,8 @@ from typing import Any, ClassVar, cast
 
 import jax
 
-from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor import Axis
 
-from ._layer_types import with_sliding_window
-from .attention import AttentionMask
 from .config import register_config
 from .llama import LlamaConfig, LlamaLMHeadModel
 
@@ -104,36 +102,9 @@ class MistralConfig(LlamaConfig):
 
 
 class MistralLMHeadModel(LlamaLMHeadModel):
-    """Mistral: :class:`~ponente.models.LlamaLMHeadModel` with the config's sliding window added to every mask.
+    """Mistral: :class:`~ponente.models.LlamaLMHeadModel` whose layers attend over the config's sliding window.
 
-    The parameters, their Hugging Face names and the layer code are Llama's; only the attention mask
-    differs. A mask passed by the caller (segment ids, an explicit boolean mask) is intersected with
-    the window, never replaced.
+    The parameters, their Hugging Face names and the blocks are Llama's; only the attention mask differs (the
+    decoder reads the window from ``config.attention_windows()``). A mask passed by the caller (segment ids, an
+    explicit boolean mask) is intersected with the window, never replaced.
     """
-
-    def activations(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> NamedArray:
-        """The final hidden states ``(..., position, embed)`` (see :meth:`LlamaLMHeadModel.activations`).
-
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal); the sliding window is applied on top of it.
-            key: unused (no dropout).
-            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
-
-        Returns:
-            The hidden states after the final norm.
-        """
-        window: int | None = getattr(self.config, "sliding_window", None)
-        mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
-        return super().activations(input_ids, mask, key=key, pos_ids=pos_ids)
-
-    def _decode_kwargs(self) -> dict[str, Any]:
-        """Every block attends over the config's sliding window (see :meth:`LlamaLMHeadModel.decode`)."""
-        return {"window": getattr(self.config, "sliding_window", None)}

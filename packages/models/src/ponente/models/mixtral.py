@@ -5,27 +5,19 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
-import equinox as eqx
 import jax
 import numpy as np
 
-import ponente.namedtensor as hax
-from ponente.namedtensor import Axis, NamedArray
-from ponente.namedtensor.nn import RmsNorm
+from ponente.namedtensor import Axis
 
-from ._layer_types import with_sliding_window
-from .attention import Attention, AttentionMask
-from .config import lm_flops_per_token, mask_padded_vocab, padded_vocab_size, register_config
-from .kv_cache import KvCache
-from .llama import LlamaConfig, LlamaDecoderLayer, LlamaLMHeadModel, QkNormAttention
-from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss
+from .config import lm_flops_per_token, padded_vocab_size, register_config
+from .decoder import GatedMlp
+from .llama import LlamaConfig, LlamaLMHeadModel
+from .moe import MOE_DISPATCHES, MoeMlp
 
 __all__ = ["MixtralConfig", "MixtralLMHeadModel"]
-
-ROUTER_AUX_LOSS = "router_aux_loss"
-"""The key of the weighted load-balancing term in the auxiliary losses of a Mixtral model."""
 
 
 @register_config("mixtral")
@@ -94,6 +86,14 @@ class MixtralConfig(LlamaConfig):
         """Build a randomly initialized Mixtral (see :meth:`LmConfig.build`)."""
         return MixtralLMHeadModel.init(self, Vocab, key=key)
 
+    feed_forward_keys: ClassVar[int] = 1
+
+    def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp:
+        """The mixture of experts of one block (state-dict key ``block_sparse_moe``)."""
+        return MoeMlp.init(
+            self.Embed, self.Mlp, self.Experts, self.num_experts_per_tok, key=keys[0], dispatch=self.moe_dispatch
+        )
+
     def flops_per_token(self, vocab_size: int) -> float:
         """Forward FLOPs per token *of the sparse model*: ``k`` active experts per token, plus the router.
 
@@ -161,49 +161,6 @@ class MixtralConfig(LlamaConfig):
         )
 
 
-class MixtralDecoderLayer(eqx.Module):
-    """A pre-RMSNorm block: ``x + self_attn(input_layernorm(x))``, then ``x + moe(post_attention_layernorm(x))``."""
-
-    input_layernorm: RmsNorm
-    self_attn: Attention | QkNormAttention
-    post_attention_layernorm: RmsNorm
-    block_sparse_moe: MoeMlp
-
-    @staticmethod
-    def init(config: MixtralConfig, *, key: jax.Array) -> MixtralDecoderLayer:
-        """Create one block."""
-        k_attn, k_moe = jax.random.split(key)
-        Embed, eps = config.Embed, config.layer_norm_epsilon
-        return MixtralDecoderLayer(
-            input_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
-            self_attn=LlamaDecoderLayer._init_attention(config, key=k_attn),
-            post_attention_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
-            block_sparse_moe=MoeMlp.init(
-                Embed, config.Mlp, config.Experts, config.num_experts_per_tok, key=k_moe, dispatch=config.moe_dispatch
-            ),
-        )
-
-    def __call__(
-        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, pos_ids: NamedArray | None = None
-    ) -> tuple[NamedArray, RouterOutput]:
-        """Apply the block to ``(..., position, embed)``; also return the routing decision (for the aux loss).
-
-        ``pos_ids`` are the rotary positions (None: ``0 .. n - 1``).
-        """
-        x = x + self.self_attn(self.input_layernorm(x), mask, pos_ids=pos_ids)
-        y, routing = self.block_sparse_moe(self.post_attention_layernorm(x))
-        return x + y, routing
-
-    def decode(
-        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None
-    ) -> tuple[NamedArray, KvCache]:
-        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`), without routing."""
-        attn_out, cache = self.self_attn.decode(self.input_layernorm(x), cache, pos_ids, window=window)
-        x = x + attn_out
-        y, _ = self.block_sparse_moe(self.post_attention_layernorm(x))
-        return x + y, cache
-
-
 # Hugging Face expert layouts: per expert (checkpoint files of transformers 4 and 5), fused (transformers 5 in memory)
 _PER_EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
 _FUSED = re.compile(r"^(.*)\.mlp\.experts\.(gate_up_proj|down_proj)$")
@@ -241,7 +198,7 @@ def _to_stacked_experts(state_dict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MixtralLMHeadModel(LlamaLMHeadModel):
-    """Mixtral: Llama's embeddings, final norm and output projection around :class:`MixtralDecoderLayer` blocks.
+    """Mixtral: Llama whose blocks' feed-forward is a sparse mixture of experts (``block_sparse_moe``).
 
     Besides the logits, a forward pass yields one auxiliary loss, ``router_aux_loss``: the
     load-balancing loss (:func:`~ponente.models.moe.load_balancing_loss` over the routing of all layers)
@@ -257,103 +214,6 @@ class MixtralLMHeadModel(LlamaLMHeadModel):
         config: the config (static).
         vocab_size: the real vocabulary size when the vocabulary axis is padded (static).
     """
-
-    config: MixtralConfig = eqx.field(static=True)
-
-    # MixtralDecoderLayer is not a LlamaDecoderLayer (an MoE replaces the MLP), but Llama's init only stacks it
-    _decoder_layer = MixtralDecoderLayer  # type: ignore[assignment]
-
-    def _mask(self, input_ids: NamedArray, attn_mask: AttentionMask | NamedArray | None) -> AttentionMask | NamedArray:
-        """``attn_mask`` (None: causal) restricted to the config's sliding window (as Mistral's)."""
-        return with_sliding_window(attn_mask, self.config.sliding_window, input_ids.resolve_axis("position"))
-
-    def _decode_kwargs(self) -> dict[str, Any]:
-        """Every block attends over the config's sliding window (see :meth:`LlamaLMHeadModel.decode`)."""
-        return {"window": self.config.sliding_window}
-
-    def activations_and_aux(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> tuple[NamedArray, dict[str, NamedArray]]:
-        """The final hidden states ``(..., position, embed)`` and the auxiliary losses.
-
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal); the config's sliding window is applied on top of it.
-            key: unused (no dropout).
-            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
-
-        Returns:
-            ``(hidden states after the final norm, {"router_aux_loss": coef * load-balancing loss})``.
-        """
-        del key
-        x = self.transformer.embed_tokens.embed(input_ids)
-        x, routing = self.transformer.layers.scan(
-            x, self._mask(input_ids, attn_mask), pos_ids=pos_ids, unroll=self.config.layer_unroll
-        )
-        balance = load_balancing_loss(routing.probs, routing.indices, self.config.Experts)
-        return self.transformer.norm(x), {ROUTER_AUX_LOSS: balance * self.config.router_aux_loss_coef}
-
-    def activations(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> NamedArray:
-        """The final hidden states (see :meth:`activations_and_aux`, whose auxiliary losses this drops)."""
-        return self.activations_and_aux(input_ids, attn_mask, key=key, pos_ids=pos_ids)[0]
-
-    def logits_and_aux(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> tuple[NamedArray, dict[str, NamedArray]]:
-        """Logits ``(..., position, vocab)`` and the auxiliary losses (``router_aux_loss``, a weighted scalar).
-
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal); the config's sliding window is applied on top of it.
-            key: unused (no dropout).
-            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
-
-        Returns:
-            ``(logits, {"router_aux_loss": coef * load-balancing loss})``; padded vocabulary entries of the
-            logits hold the dtype's most negative value.
-        """
-        x, aux = self.activations_and_aux(input_ids, attn_mask, key=key, pos_ids=pos_ids)
-        logits = hax.dot(x, self.get_lm_head(), axis="embed")
-        return mask_padded_vocab(logits, self.Vocab, self.vocab_size), aux
-
-    def routing(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        pos_ids: NamedArray | None = None,
-    ) -> RouterOutput:
-        """The routing decision of every layer for ``input_ids`` (arrays with a leading ``layers`` axis).
-
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal); the config's sliding window is applied on top of it.
-            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``).
-
-        Returns:
-            Router probabilities ``(layers, ..., experts)``, chosen experts and weights ``(layers, ..., top_k)``.
-        """
-        x = self.transformer.embed_tokens.embed(input_ids)
-        return self.transformer.layers.scan(
-            x, self._mask(input_ids, attn_mask), pos_ids=pos_ids, unroll=self.config.layer_unroll
-        )[1]
 
     def to_hf_state_dict(self) -> dict[str, np.ndarray]:
         """The parameters under their Hugging Face names, experts one by one (``block_sparse_moe.experts.{e}.wN``).

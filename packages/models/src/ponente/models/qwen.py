@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, cast
 
 import equinox as eqx
 import jax
 
 import ponente.namedtensor as hax
-from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor import Axis
 from ponente.namedtensor.nn import Linear
 
-from ._layer_types import FULL, SLIDING, check_layer_types, layer_kinds, select_by_kind, with_sliding_window
-from .attention import Attention, AttentionMask
+from ._layer_types import FULL, SLIDING, check_layer_types
+from .attention import Attention
 from .config import register_config
-from .kv_cache import KvCache
-from .llama import LlamaConfig, LlamaDecoderLayer, QkNormAttention
+from .decoder import QkNormAttention
 from .mistral import MistralConfig, MistralLMHeadModel
 
 __all__ = ["QwenConfig", "QwenLMHeadModel"]
@@ -111,15 +110,6 @@ def _qwen_window_from_hf(
     return int(window), types
 
 
-class _SlidingLayersConfig(Protocol):
-    """What :class:`QwenLMHeadModel` needs of its config (Qwen2 and Qwen3 configs both provide it)."""
-
-    @property
-    def sliding_window(self) -> int | None: ...
-
-    def resolved_layer_types(self) -> tuple[str, ...]: ...
-
-
 def _with_zero_biases(attn: Attention | QkNormAttention, projections: Sequence[str]) -> Attention | QkNormAttention:
     """``attn`` with zero biases (as Hugging Face initializes them) on the named projections (e.g. ``"q_proj"``)."""
     inner = attn.attn if isinstance(attn, QkNormAttention) else attn
@@ -178,6 +168,10 @@ class QwenConfig(MistralConfig):
         """Build a randomly initialized Qwen2 (see :meth:`LmConfig.build`)."""
         return QwenLMHeadModel.init(self, Vocab, key=key)
 
+    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention:
+        """Llama's attention with zero biases on the query, key and value projections (Qwen2)."""
+        return _with_zero_biases(super().init_attention(key=key), ("q_proj", "k_proj", "v_proj"))
+
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``Qwen2Config`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`).
 
@@ -209,73 +203,6 @@ class QwenConfig(MistralConfig):
         return dataclasses.replace(config, sliding_window=window, layer_types=types)
 
 
-class QwenDecoderLayer(LlamaDecoderLayer):
-    """A Llama block whose query, key and value projections have biases (Qwen2), on a full or sliding mask."""
-
-    @staticmethod
-    def _init_attention(config: LlamaConfig, *, key: jax.Array) -> Attention | QkNormAttention:
-        return _with_zero_biases(LlamaDecoderLayer._init_attention(config, key=key), ("q_proj", "k_proj", "v_proj"))
-
-    def __call__(
-        self,
-        x: NamedArray,
-        mask: AttentionMask | NamedArray | None,
-        sliding_mask: AttentionMask | NamedArray | None = None,
-        sliding: bool | NamedArray = False,
-        *,
-        pos_ids: NamedArray | None = None,
-    ) -> NamedArray:
-        """Apply the block to ``(..., position, embed)``.
-
-        Args:
-            x: the input.
-            mask: the mask of a full-attention layer.
-            sliding_mask: the mask of a sliding layer (``mask`` restricted to the window).
-            sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside a scan).
-            pos_ids: the rotary positions (None: ``0 .. n - 1``).
-
-        Returns:
-            ``(..., position, embed)``.
-        """
-        h = self.input_layernorm(x)
-        x = x + select_by_kind(
-            sliding,
-            lambda: self.self_attn(h, sliding_mask, pos_ids=pos_ids),
-            lambda: self.self_attn(h, mask, pos_ids=pos_ids),
-        )
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-    def decode(
-        self,
-        x: NamedArray,
-        cache: KvCache,
-        pos_ids: NamedArray,
-        *,
-        sliding: bool | NamedArray = False,
-        window: int | None = None,
-    ) -> tuple[NamedArray, KvCache]:
-        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`).
-
-        Args:
-            x: ``(batch, position, embed)``.
-            cache: this layer's cache.
-            pos_ids: the tokens' positions over ``(batch, position)``.
-            sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside the scan).
-            window: the window of sliding layers.
-
-        Returns:
-            ``((batch, position, embed), the updated cache)``.
-        """
-        h = self.input_layernorm(x)
-        attn_out, cache = select_by_kind(
-            sliding,
-            lambda: self.self_attn.decode(h, cache, pos_ids, window=window),
-            lambda: self.self_attn.decode(h, cache, pos_ids),
-        )
-        x = x + attn_out
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
-
-
 class QwenLMHeadModel(MistralLMHeadModel):
     """Qwen2: :class:`~ponente.models.MistralLMHeadModel` with Q/K/V biases, its sliding window on all or some layers.
 
@@ -283,43 +210,3 @@ class QwenLMHeadModel(MistralLMHeadModel):
     passed by the caller (segment ids, an explicit boolean mask) is intersected with the window on sliding
     layers, never replaced.
     """
-
-    _decoder_layer: ClassVar[type[LlamaDecoderLayer]] = QwenDecoderLayer
-
-    def activations(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> NamedArray:
-        """The final hidden states ``(..., position, embed)`` (see :meth:`LlamaLMHeadModel.activations`).
-
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
-            key: unused (no dropout).
-            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
-
-        Returns:
-            The hidden states after the final norm.
-        """
-        del key
-        config = cast(_SlidingLayersConfig, self.config)
-        mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        sliding_mask = with_sliding_window(attn_mask, config.sliding_window, input_ids.resolve_axis("position"))
-        kinds = layer_kinds(config.resolved_layer_types(), self.config.Layers)
-        x = self.transformer.embed_tokens.embed(input_ids)
-        x = self.transformer.layers.fold(
-            x, mask, sliding_mask, kinds, pos_ids=pos_ids, unroll=self.config.layer_unroll
-        )
-        return self.transformer.norm(x)
-
-    def _decode_kwargs(self) -> dict[str, Any]:
-        """The per-layer sliding flags and the window (see :meth:`LlamaLMHeadModel.decode`)."""
-        config = cast(_SlidingLayersConfig, self.config)
-        return {
-            "sliding": layer_kinds(config.resolved_layer_types(), self.config.Layers),
-            "window": config.sliding_window,
-        }

@@ -14,10 +14,9 @@ from ponente.namedtensor import Axis
 from ._layer_types import SLIDING
 from .attention import Attention
 from .config import register_config
-from .llama import LlamaConfig, LlamaDecoderLayer, QkNormAttention
+from .decoder import QkNormAttention
 from .mistral import MistralConfig
 from .qwen import (
-    QwenDecoderLayer,
     QwenLMHeadModel,
     _check_qwen_layer_types,
     _qwen_layer_types,
@@ -87,6 +86,13 @@ class Qwen3Config(MistralConfig):
         """Build a randomly initialized Qwen3 (see :meth:`LmConfig.build`)."""
         return Qwen3LMHeadModel.init(self, Vocab, key=key)
 
+    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention:
+        """Llama's attention (QK-norm on), with zero biases on all four projections if ``attention_bias``."""
+        attn = super().init_attention(key=key)
+        if self.attention_bias:
+            return _with_zero_biases(attn, ("q_proj", "k_proj", "v_proj", "o_proj"))
+        return attn
+
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``Qwen3Config`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`).
 
@@ -119,25 +125,9 @@ class Qwen3Config(MistralConfig):
         return dataclasses.replace(config, sliding_window=window, layer_types=types, attention_bias=bias)
 
 
-class Qwen3DecoderLayer(QwenDecoderLayer):
-    """A Llama block with QK-norm and, if ``attention_bias``, biases on all four attention projections (Qwen3).
-
-    Its call (full or sliding mask per layer) is Qwen2's.
-    """
-
-    @staticmethod
-    def _init_attention(config: LlamaConfig, *, key: jax.Array) -> Attention | QkNormAttention:
-        attn = LlamaDecoderLayer._init_attention(config, key=key)
-        if isinstance(config, Qwen3Config) and config.attention_bias:
-            return _with_zero_biases(attn, ("q_proj", "k_proj", "v_proj", "o_proj"))
-        return attn
-
-
 class Qwen3LMHeadModel(QwenLMHeadModel):
     """Qwen3: :class:`~ponente.models.QwenLMHeadModel` (a sliding window on all or some layers) with QK-norm.
 
     Its Hugging Face parameter names are Llama's plus ``model.layers.L.self_attn.{q,k}_norm.weight``
     (and ``{q,k,v,o}_proj.bias`` with ``attention_bias``).
     """
-
-    _decoder_layer: ClassVar[type[LlamaDecoderLayer]] = Qwen3DecoderLayer

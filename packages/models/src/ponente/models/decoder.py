@@ -1,0 +1,535 @@
+"""The decoder shared by the Llama-style families: one stack, one block, one forward with an optional KV cache.
+
+A model is token embedding → ``Stacked`` blocks (scanned) → final norm → output projection. Each block is
+self-attention then a feed-forward network, both residual; the family's config chooses the parts:
+
+- **norm placement** (``config.norm_placement``): ``"pre"`` (Llama: ``x + attn(norm(x))``, ``x + mlp(norm(x))``)
+  or ``"post"`` (OLMo 2: ``x + norm(attn(x))``, ``x + norm(mlp(x))``);
+- **attention** (``config.init_attention``): grouped-query :class:`~ponente.models.attention.Attention`, with biases
+  or not, or :class:`QkNormAttention` (RMS-normalized queries and keys, per head or over all heads);
+- **sliding windows** (``config.attention_windows()``): per layer a window or None; a stack mixing both kinds
+  stays one scan and picks the mask per layer (:func:`~ponente.models._layer_types.select_by_kind`);
+- **feed-forward** (``config.init_feed_forward``): a SwiGLU :class:`GatedMlp` (state-dict key ``mlp``) or a
+  mixture of experts (:class:`~ponente.models.moe.MoeMlp`, key ``block_sparse_moe``), whose routing the stack
+  returns for the load-balancing loss (weighted by ``config.router_aux_loss_coef``).
+
+The training forward and cached decoding are the same code: :meth:`DecoderLM.decode` runs the stack with a
+:class:`~ponente.models.kv_cache.KvCache` as part of the scan's carry, and each block's attention writes its keys
+and values there and attends over them instead of over the sequence.
+
+A new family whose blocks are made of these parts is its config (a :class:`~ponente.models.LlamaConfig`
+subclass, overriding the hooks) and its Hugging Face names (see the docs' "How to add a family").
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Protocol, Self
+
+import equinox as eqx
+import jax
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor.nn import Embedding, Linear, RmsNorm, Stacked
+from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
+
+from ._layer_types import select_by_kind, with_sliding_window
+from .attention import Attention, AttentionMask, attention, decode_attention
+from .config import _real_vocab_rows, mask_padded_vocab
+from .kv_cache import KvCache, take_positions
+from .lm import LmHeadModel
+from .moe import MoeMlp, RouterOutput, load_balancing_loss
+from .remat import tag
+from .rotary import apply_rotary
+
+__all__ = [
+    "ROUTER_AUX_LOSS",
+    "DecoderBlock",
+    "DecoderConfig",
+    "DecoderLM",
+    "DecoderStack",
+    "GatedMlp",
+    "NormPlacement",
+    "QkNormAttention",
+]
+
+NormPlacement = Literal["pre", "post"]
+"""Where a block's RMSNorms sit: on the sub-layers' inputs (``"pre"``) or on their outputs (``"post"``)."""
+
+ROUTER_AUX_LOSS = "router_aux_loss"
+"""The name of a mixture of experts' load-balancing term among the auxiliary losses."""
+
+
+class DecoderConfig(Protocol):
+    """What the decoder reads of a family's config (every :class:`~ponente.models.LlamaConfig` provides it)."""
+
+    norm_placement: ClassVar[NormPlacement]
+    feed_forward_keys: ClassVar[int]
+
+    @property
+    def layer_norm_epsilon(self) -> float: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
+    @property
+    def initializer_range(self) -> float: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def Embed(self) -> Axis: ...
+    @property
+    def Layers(self) -> Axis: ...
+    @property
+    def KVHeads(self) -> Axis: ...
+    @property
+    def HeadSize(self) -> Axis: ...
+    @property
+    def layer_unroll(self) -> bool | None: ...
+    @property
+    def gradient_checkpointing(self) -> Any: ...
+
+    def padded_vocab(self, Vocab: Axis) -> Axis: ...
+    def attention_windows(self) -> tuple[int | None, ...]: ...
+    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention: ...
+    def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp: ...
+
+
+class GatedMlp(eqx.Module):
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+    @staticmethod
+    def init(Embed: Axis, Mlp: Axis, keys: jax.Array) -> GatedMlp:
+        """Create the three projections (without biases) from three PRNG keys (gate, up, down)."""
+        k_gate, k_up, k_down = keys
+        return GatedMlp(
+            Linear.init(Embed, Mlp, key=k_gate, use_bias=False),
+            Linear.init(Embed, Mlp, key=k_up, use_bias=False),
+            Linear.init(Mlp, Embed, key=k_down, use_bias=False),
+        )
+
+    def __call__(self, x: NamedArray) -> NamedArray:
+        """Apply the MLP to ``(..., embed)``."""
+        gate, up = tag((self.gate_proj(x), self.up_proj(x)), "mlp_in")
+        return tag(self.down_proj(hax.nn.silu(gate) * up), "mlp_out")
+
+
+class QkNormAttention(ModuleWithStateDictSerialization):
+    """Grouped-query attention whose queries and keys are RMS-normalized before the rotary embedding.
+
+    Reuses :class:`~ponente.models.attention.Attention`'s projections, rotary settings and backend. The norms are
+    the QK-norm of Qwen3 (one learned scale over ``head_size`` shared by all heads) or of OLMo 2 (a scale over all
+    head axes). Its state-dict keys are ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm`` and ``k_norm``
+    (as Hugging Face's). Called through :func:`self_attention`.
+
+    Attributes:
+        attn: the projections, rotary settings and backend.
+        q_norm: the query norm.
+        k_norm: the key norm.
+    """
+
+    attn: Attention
+    q_norm: RmsNorm
+    k_norm: RmsNorm
+
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        return {"attn": None}
+
+    @staticmethod
+    def init(attn: Attention, *, eps: float) -> QkNormAttention:
+        """Add a per-head QK-norm (unit scales over ``head_size``) to ``attn``.
+
+        Args:
+            attn: the attention layer.
+            eps: the norms' epsilon.
+
+        Returns:
+            The layer.
+        """
+        HeadSize = attn.o_proj.weight.resolve_axis("head_size")
+        return QkNormAttention(
+            attn=attn,
+            q_norm=RmsNorm.init(HeadSize, eps=eps, use_bias=False),
+            k_norm=RmsNorm.init(HeadSize, eps=eps, use_bias=False),
+        )
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
+    ) -> NamedArray:
+        """Attend over the ``position`` axis of ``x`` (``(..., position, embed)``), like ``Attention``."""
+        del key
+        return self_attention(self, x, mask, pos_ids=pos_ids)[0]
+
+
+def self_attention(
+    layer: Attention | QkNormAttention,
+    x: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    *,
+    pos_ids: NamedArray | None,
+    cache: KvCache | None = None,
+    window: int | None = None,
+) -> tuple[NamedArray, KvCache | None]:
+    """Self-attention of ``x`` (``(..., position, embed)``) over its own positions, or over ``cache``.
+
+    Args:
+        layer: the projections (and QK-norm).
+        x: the block's normalized input.
+        mask: the attention mask of the forward pass (unused with a cache: the slots' positions decide).
+        pos_ids: the rotary positions (None: ``0 .. n - 1``; required with a cache, where they are also the slots).
+        cache: this layer's cache: write the tokens' keys and values there and attend over it; None: no cache.
+        window: with a cache, how many keys a query sees (the sliding window; None: all earlier ones).
+
+    Returns:
+        ``((..., position, embed), the updated cache or None)``.
+    """
+    a = layer.attn if isinstance(layer, QkNormAttention) else layer
+    q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+    if isinstance(layer, QkNormAttention):
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    Pos = x.resolve_axis("position")
+    HeadSize = a.o_proj.weight.resolve_axis("head_size")
+    if a.rotary is not None:
+        q = apply_rotary(q, Pos, HeadSize, a.rotary, pos_ids)
+        k = apply_rotary(k, Pos, HeadSize, a.rotary, pos_ids)
+    if cache is None:
+        out = attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size)
+    else:
+        if pos_ids is None:
+            raise ValueError("self_attention: decoding with a cache needs pos_ids (the tokens' cache slots)")
+        cache = cache.update(k, v, pos_ids)
+        out = decode_attention(HeadSize, q, cache, pos_ids, window=window, backend=a.backend, block_size=a.block_size)
+    return tag(a.o_proj(out), "attn_out"), cache
+
+
+class DecoderBlock(eqx.Module):
+    """Self-attention then a feed-forward network, each residual, with RMSNorms placed as ``norm_placement`` says.
+
+    ``"pre"``: ``x + self_attn(input_layernorm(x))`` then ``x + mlp(post_attention_layernorm(x))`` (Llama's
+    names). ``"post"``: ``x + post_attention_layernorm(self_attn(x))`` then ``x + post_feedforward_layernorm(mlp(x))``
+    (OLMo 2's). Exactly one of ``mlp`` and ``block_sparse_moe`` is set.
+
+    Attributes:
+        input_layernorm: the attention's input norm (``"pre"``), else None.
+        self_attn: the attention.
+        post_attention_layernorm: the feed-forward's input norm (``"pre"``), or the attention's output norm.
+        mlp: the dense feed-forward network, or None.
+        block_sparse_moe: the mixture of experts (Mixtral's name), or None.
+        post_feedforward_layernorm: the feed-forward's output norm (``"post"``), else None.
+        norm_placement: ``"pre"`` or ``"post"`` (static).
+    """
+
+    input_layernorm: RmsNorm | None
+    self_attn: Attention | QkNormAttention
+    post_attention_layernorm: RmsNorm
+    mlp: GatedMlp | None
+    block_sparse_moe: MoeMlp | None
+    post_feedforward_layernorm: RmsNorm | None
+    norm_placement: NormPlacement = eqx.field(static=True, default="pre")
+
+    @staticmethod
+    def init(config: DecoderConfig, *, key: jax.Array) -> DecoderBlock:
+        """Create one block: ``key`` splits into the attention's key and the feed-forward's."""
+        keys = jax.random.split(key, 1 + config.feed_forward_keys)
+        Embed, eps, pre = config.Embed, config.layer_norm_epsilon, config.norm_placement == "pre"
+        ff = config.init_feed_forward(keys[1:])
+        return DecoderBlock(
+            input_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False) if pre else None,
+            self_attn=config.init_attention(key=keys[0]),
+            post_attention_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
+            mlp=ff if isinstance(ff, GatedMlp) else None,
+            block_sparse_moe=ff if isinstance(ff, MoeMlp) else None,
+            post_feedforward_layernorm=None if pre else RmsNorm.init(Embed, eps=eps, use_bias=False),
+            norm_placement=config.norm_placement,
+        )
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        sliding_mask: AttentionMask | NamedArray | None = None,
+        sliding: bool | NamedArray = False,
+        *,
+        window: int | None = None,
+        pos_ids: NamedArray | None = None,
+        cache: KvCache | None = None,
+    ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
+        """Apply the block to ``(..., position, embed)``.
+
+        Args:
+            x: the input.
+            mask: the mask of a full-attention layer.
+            sliding_mask: the mask of a sliding layer (``mask`` restricted to ``window``; only read if ``sliding``).
+            sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside the scan).
+            window: the window of sliding layers (for a cache; the masks carry it otherwise).
+            pos_ids: the rotary positions (None: ``0 .. n - 1``).
+            cache: this layer's cache (decoding), or None.
+
+        Returns:
+            ``(the output, the updated cache or None, the routing of a mixture of experts or None)``.
+        """
+        pre = self.norm_placement == "pre"
+        h = self.input_layernorm(x) if pre and self.input_layernorm is not None else x
+        out, cache = select_by_kind(
+            sliding,
+            lambda: self_attention(self.self_attn, h, sliding_mask, pos_ids=pos_ids, cache=cache, window=window),
+            lambda: self_attention(self.self_attn, h, mask, pos_ids=pos_ids, cache=cache),
+        )
+        x = x + (out if pre else self.post_attention_layernorm(out))
+        h = self.post_attention_layernorm(x) if pre else x
+        routing = None
+        if self.block_sparse_moe is not None:
+            y, routing = self.block_sparse_moe(h)
+        elif self.mlp is not None:
+            y = self.mlp(h)
+        if not pre and self.post_feedforward_layernorm is not None:
+            y = self.post_feedforward_layernorm(y)
+        return x + y, cache, routing
+
+
+class DecoderStack(eqx.Module):
+    """Token embedding, stacked decoder blocks and the final norm (Hugging Face ``model``)."""
+
+    embed_tokens: Embedding
+    layers: Stacked[DecoderBlock]
+    norm: RmsNorm
+
+
+def _block_step(
+    block: DecoderBlock, carry: tuple[NamedArray, KvCache | None], layer: NamedArray | None, *args: Any, **kwargs: Any
+) -> tuple[tuple[NamedArray, KvCache | None], RouterOutput | None]:
+    """One block in the scan over layers: the carry is the hidden states and (decoding) the stacked cache."""
+    x, cache = carry
+    if cache is not None and layer is not None:
+        cache = cache.at_layer(layer.array)
+    x, cache, routing = block(x, *args, cache=cache, **kwargs)
+    return (x, cache), routing
+
+
+class DecoderLM(LmHeadModel[Any]):
+    """A decoder-only language model on :class:`DecoderStack` (Llama, Mistral, Qwen2/3, OLMo 2, Mixtral).
+
+    Attributes:
+        transformer: embeddings, layers and final norm (state-dict key ``model``).
+        lm_head: ``Embed -> Vocab`` without bias, or None when tied to the token embedding.
+        config: the config (static).
+        vocab_size: the real vocabulary size when the vocabulary axis is padded (``config.vocab_padding_multiple``);
+            logits of the padded entries are masked (static).
+    """
+
+    transformer: DecoderStack
+    lm_head: Linear | None
+    config: Any = eqx.field(static=True)
+    vocab_size: int | None = eqx.field(static=True, default=None)
+
+    _hf_vocab_keys: ClassVar[tuple[str, ...]] = ("model.embed_tokens.weight", "lm_head.weight")
+
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        return {"transformer": "model"}
+
+    @classmethod
+    def init(cls, config: DecoderConfig, Vocab: Axis, *, key: jax.Array) -> Self:
+        """Create a randomly initialized model.
+
+        Args:
+            config: the config (it chooses the blocks' parts).
+            Vocab: the (real) vocabulary axis; the model's is padded to ``config.vocab_padding_multiple``.
+            key: the PRNG key.
+
+        Returns:
+            The model.
+        """
+        k_emb, k_layers, k_head = jax.random.split(key, 3)
+        PaddedVocab = config.padded_vocab(Vocab)
+        layers = Stacked.init(config.Layers, DecoderBlock, gradient_checkpointing=config.gradient_checkpointing)(
+            config, key=jax.random.split(k_layers, config.num_layers)
+        )
+        transformer = DecoderStack(
+            embed_tokens=Embedding.init(
+                PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
+            ),
+            layers=layers,
+            norm=RmsNorm.init(config.Embed, eps=config.layer_norm_epsilon, use_bias=False),
+        )
+        lm_head = None
+        if not config.tie_word_embeddings:
+            lm_head = Linear.init(config.Embed, PaddedVocab, key=k_head, use_bias=False)
+        return cls(transformer=transformer, lm_head=lm_head, config=config, vocab_size=Vocab.size)
+
+    @property
+    def Vocab(self) -> Axis:
+        """The vocabulary axis of the logits (padded if ``config.vocab_padding_multiple > 1``)."""
+        return self.transformer.embed_tokens.Vocab
+
+    def _windows(self) -> tuple[bool | NamedArray, int | None]:
+        """Per layer whether it slides (one bool when all agree, else a ``(layers,)`` array) and the window."""
+        windows = self.config.attention_windows()
+        sizes = sorted({w for w in windows if w is not None})
+        if len(sizes) > 1:
+            raise ValueError(f"{type(self.config).__name__}: sliding layers need one window size, got {sizes}")
+        flags = [w is not None for w in windows]
+        if len(set(flags)) == 1:
+            return flags[0], sizes[0] if sizes else None
+        return hax.named(jax.numpy.asarray(flags), self.config.Layers), sizes[0]
+
+    def _run(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None,
+        pos_ids: NamedArray | None,
+        cache: KvCache | None = None,
+    ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
+        """Embed ``input_ids``, run the blocks (over ``cache`` if given) and the final norm.
+
+        Returns:
+            ``(hidden states after the final norm, the updated cache or None, the stacked routing or None)``.
+        """
+        sliding, window = self._windows()
+        mask = AttentionMask.causal() if attn_mask is None else attn_mask
+        sliding_mask = mask
+        if window is not None:
+            sliding_mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
+        x = self.transformer.embed_tokens.embed(input_ids)
+        layer_ids = None
+        if cache is not None:
+            # the stacked cache is the scan's carry and each layer writes its slots in place (no per-layer copies)
+            layer_ids, cache = hax.arange(cache.keys.resolve_axis("layers")), cache.at_layer(0)
+        (x, cache), routing = self.transformer.layers.scan_via(_block_step, unroll=self.config.layer_unroll)(
+            (x, cache), layer_ids, mask, sliding_mask, sliding, window=window, pos_ids=pos_ids
+        )
+        return self.transformer.norm(x), cache, routing
+
+    def activations_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
+    ) -> tuple[NamedArray, dict[str, NamedArray]]:
+        """The final hidden states ``(..., position, embed)`` and the auxiliary losses.
+
+        Args:
+            input_ids: integer ids ``(..., position)``.
+            attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
+            key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
+
+        Returns:
+            ``(hidden states after the final norm, {})``, or for a mixture of experts
+            ``{"router_aux_loss": weight * load-balancing loss}``.
+        """
+        del key
+        x, _, routing = self._run(input_ids, attn_mask, pos_ids)
+        if routing is None:
+            return x, {}
+        balance = load_balancing_loss(routing.probs, routing.indices, self.config.Experts)
+        return x, {ROUTER_AUX_LOSS: balance * self.config.router_aux_loss_coef}
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
+    ) -> NamedArray:
+        """The final hidden states ``(..., position, embed)``, before the output projection.
+
+        Args:
+            input_ids: integer ids ``(..., position)``.
+            attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
+            key: unused (no dropout).
+            pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
+
+        Returns:
+            The hidden states after the final norm.
+        """
+        del key
+        return self._run(input_ids, attn_mask, pos_ids)[0]
+
+    def logits_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
+    ) -> tuple[NamedArray, dict[str, NamedArray]]:
+        """Logits ``(..., position, vocab)`` and the auxiliary losses (see :meth:`activations_and_aux`)."""
+        x, aux = self.activations_and_aux(input_ids, attn_mask, key=key, pos_ids=pos_ids)
+        return self._logits(x), aux
+
+    def routing(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        pos_ids: NamedArray | None = None,
+    ) -> RouterOutput | None:
+        """The routing decision of every layer (arrays with a leading ``layers`` axis), or None without experts."""
+        return self._run(input_ids, attn_mask, pos_ids)[2]
+
+    def get_lm_head(self) -> NamedArray:
+        """The output projection (``embed``, ``vocab``): ``lm_head``'s, or the token embedding if tied.
+
+        With a padded vocabulary only the real entries are returned, so a loss computed from it (the
+        blockwise loss) never sees the padding.
+        """
+        weight = self.transformer.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return _real_vocab_rows(weight, self.Vocab, self.vocab_size)
+
+    def __call__(
+        self,
+        input_ids: NamedArray,
+        attn_mask: AttentionMask | NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        pos_ids: NamedArray | None = None,
+    ) -> NamedArray:
+        """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
+
+        Padded vocabulary entries hold the dtype's most negative value.
+        """
+        return self._logits(self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids))
+
+    def _logits(self, x: NamedArray) -> NamedArray:
+        """The output projection of final hidden states; padded vocabulary entries get the most negative value."""
+        logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
+        return mask_padded_vocab(logits, self.Vocab, self.vocab_size)
+
+    def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
+        """An empty cache over ``(layers, batch, kv_heads, cache_position, head_size)`` (see :class:`LmHeadModel`).
+
+        Raises:
+            ValueError: if ``max_len`` is below 1.
+        """
+        config = self.config
+        dtype = self.transformer.embed_tokens.weight.dtype if dtype is None else dtype
+        return KvCache.init((config.Layers, Batch, config.KVHeads), config.HeadSize, max_len, dtype=dtype)
+
+    def decode(
+        self,
+        tokens: NamedArray,
+        cache: KvCache,
+        pos_ids: NamedArray,
+        *,
+        key: jax.Array | None = None,
+        logits_at: NamedArray | None = None,
+    ) -> tuple[NamedArray, KvCache]:
+        """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`).
+
+        The same blocks as the forward pass, with the cache in the scan's carry.
+        """
+        del key
+        pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
+        x, cache_out, _ = self._run(tokens, None, pos_ids, cache)
+        cache = cache if cache_out is None else cache_out.at_layer(None).for_prefill(False)  # never None here
+        return self._logits(take_positions(x, logits_at)), cache

@@ -1,0 +1,91 @@
+"""The shared decoder (``ponente.models.decoder``): its families give bitwise the numbers pinned before it existed
+(when each family had its own block and decode path); its config checks.
+
+The pins are float hex of a tiny model per family (CPU): the next-token loss of a batch, and the sum of the real
+vocabulary's logits after a right-padded prefill and three one-token decode steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.models import (
+    LlamaConfig,
+    LmExample,
+    MistralConfig,
+    MixtralConfig,
+    Olmo2Config,
+    Qwen3Config,
+    QwenConfig,
+    compute_next_token_loss,
+)
+
+_S: dict[str, Any] = {"seq_len": 16, "hidden_dim": 32, "intermediate_dim": 48, "num_layers": 3, "num_heads": 4}
+_SLIDE = ("sliding_attention", "full_attention", "sliding_attention")
+CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama": lambda: LlamaConfig(**_S, num_kv_heads=2, vocab_padding_multiple=16),
+    "llama-tied-qk": lambda: LlamaConfig(**_S, num_kv_heads=2, tie_word_embeddings=True, qk_norm=True),
+    "mistral": lambda: MistralConfig(**_S, num_kv_heads=2, sliding_window=4),
+    "qwen-slide": lambda: QwenConfig(**_S, num_kv_heads=2, sliding_window=3, layer_types=_SLIDE),
+    "qwen3": lambda: Qwen3Config(
+        **_S, num_kv_heads=2, head_dim=8, attention_bias=True, sliding_window=3, layer_types=_SLIDE
+    ),
+    "olmo2": lambda: Olmo2Config(**_S, num_kv_heads=2, attention_bias=True),
+    "mixtral": lambda: MixtralConfig(**_S, num_kv_heads=2, num_experts=4, num_experts_per_tok=2, sliding_window=5),
+}
+# recorded from the commit before the shared decoder (each family's own block and decode)
+PINNED: dict[str, tuple[str, str]] = {
+    "llama": ("0x1.2176da0000000p+2", "0x1.75036dfc0a000p+3"),
+    "llama-tied-qk": ("0x1.f8b67c0000000p+1", "0x1.889a5bb000000p+0"),
+    "mistral": ("0x1.1d26a20000000p+2", "0x1.0ee7107e68000p+5"),
+    "qwen-slide": ("0x1.1bc73c0000000p+2", "0x1.5baf118040000p+4"),
+    "qwen3": ("0x1.1d769e0000000p+2", "0x1.d868959e80000p+4"),
+    "olmo2": ("0x1.201a760000000p+2", "0x1.37442cc200000p+2"),
+    "mixtral": ("0x1.2579e20000000p+2", "0x1.7d9ba36880000p+2"),
+}
+V, B, P = hax.Axis("vocab", 53), hax.Axis("batch", 2), hax.Axis("position", 16)
+
+
+@eqx.filter_jit
+def _loss(model: Any, ids: hax.NamedArray) -> jax.Array:
+    return compute_next_token_loss(model, LmExample.causal(ids), key=jax.random.key(1)).array
+
+
+@eqx.filter_jit
+def _decode(model: Any, tokens: Any, cache: Any, pos: Any, logits_at: Any = None) -> Any:
+    return model.decode(tokens, cache, pos, logits_at=logits_at)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_loss_and_decoding_equal_the_pins(name: str) -> None:
+    model = CONFIGS[name]().build(V, key=jax.random.key(0))
+    ids = hax.named(jnp.asarray(np.random.RandomState(0).randint(0, 53, (2, 16)), jnp.int32), (B, P))
+    cache = model.init_cache(B, 16).for_prefill()
+    prefill_pos = hax.named(jnp.tile(jnp.arange(6), (2, 1)), (B, P.resize(6)))
+    _, cache = _decode(model, ids["position", 0:6], cache, prefill_pos, hax.named(jnp.array([5, 3]), B))
+    for s in range(3):
+        pos = hax.named(jnp.array([[6 + s], [4 + s]]), (B, P.resize(1)))
+        logits, cache = _decode(model, ids["position", 6 + s : 7 + s], cache, pos)
+    loss_hex, step_hex = PINNED[name]
+    assert float(_loss(model, ids)).hex() == loss_hex
+    assert float(np.asarray(logits.array)[..., :53].astype(np.float64).sum()).hex() == step_hex
+
+
+def test_sliding_layers_of_two_window_sizes_are_an_error() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class TwoWindows(LlamaConfig):
+        def attention_windows(self) -> tuple[int | None, ...]:
+            return (2, 3, None)
+
+    model = TwoWindows(**_S, num_kv_heads=2).build(V, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="TwoWindows: sliding layers need one window size, got \\[2, 3\\]"):
+        model(hax.zeros({"position": 4}, dtype=jnp.int32))
