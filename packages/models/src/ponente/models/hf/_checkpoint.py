@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -20,6 +20,9 @@ from ponente.namedtensor import Axis
 from ..config import LmConfig, config_for_type
 from ..lm import LmHeadModel
 from ._hub import missing_weights_error, resolve_checkpoint
+
+if TYPE_CHECKING:
+    from ..whisper import WhisperModel
 
 logger = logging.getLogger(__name__)
 
@@ -169,13 +172,14 @@ def load_pretrained(
     config_overrides: Mapping[str, Any] | None = None,
     allow_pickle: bool = False,
     key: str = "load_pretrained",
-) -> LmHeadModel:
-    """Load a Hugging Face causal-LM checkpoint (a local directory or a Hub repository id) into a ponente model.
+) -> LmHeadModel | WhisperModel:
+    """Load a Hugging Face checkpoint (a local directory or a Hub repository id) into a ponente model.
 
-    The architecture comes from ``config.json``'s ``model_type`` (through the config registry); both
-    the transformers-4 (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and -5 (``rope_parameters``,
-    ``dtype``) spellings are read. Weights come from ``model.safetensors`` or from the shards listed in
-    ``model.safetensors.index.json``.
+    The architecture comes from ``config.json``'s ``model_type``: a causal LM through the config registry, or
+    Whisper (``"whisper"``: a :class:`~ponente.models.whisper.WhisperModel`, as :func:`load_whisper_pretrained`
+    loads it). Both the transformers-4 (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and -5
+    (``rope_parameters``, ``dtype``) spellings are read. Weights come from ``model.safetensors`` or from the shards
+    listed in ``model.safetensors.index.json``.
 
     A ``path`` that is not a local directory is taken as a Hub id (``"org/name"``, optionally ``"org/name@rev"``)
     and read from the local Hugging Face cache, or else downloaded (config, safetensors and tokenizer files only;
@@ -192,7 +196,7 @@ def load_pretrained(
         revision: the Hub revision (branch, tag or commit) to use (None: the one after ``@`` in ``path``, else the
             default branch).
         pad_vocab_to_multiple: pad the vocabulary axis to a multiple of this (padded embedding / output rows are
-            zeros and their logits are masked); :func:`save_pretrained` drops the padding again.
+            zeros and their logits are masked); :func:`save_pretrained` drops the padding again. Not for Whisper.
         config_overrides: fields of the model config to replace after reading ``config.json`` (e.g.
             ``{"attn_backend": "flash", "gradient_checkpointing": True}``).
         allow_pickle: read ``pytorch_model*.bin`` weights (with torch, ``weights_only=True``) when the checkpoint
@@ -208,7 +212,8 @@ def load_pretrained(
         PickleCheckpointError: (a ``ValueError``) if the weights are only pickle files and ``allow_pickle`` is false.
         ImportError: if a Hub id needs ``huggingface_hub``, or pickle weights need torch, and it is not installed.
         KeyError: for an unknown ``model_type`` (:class:`UnsupportedModelError`) or a missing parameter.
-        ValueError: if a parameter has the wrong shape, or an override names no config field.
+        ValueError: if a parameter has the wrong shape, an override names no config field, or a Whisper checkpoint
+            is given ``pad_vocab_to_multiple``.
 
     Example:
         ```python
@@ -220,17 +225,21 @@ def load_pretrained(
     directory = resolve_checkpoint(path, revision=revision, allow_pickle=allow_pickle, weights=not local, key=key)
     config_path = directory / CONFIG_NAME
     hf_config = _read_json(config_path)
+    target = _resolve_dtype(dtype, hf_config)
+    if hf_config.get("model_type") == "whisper":  # an encoder-decoder: not in the registry of causal LMs
+        from ..whisper import WhisperConfig
+        from ._whisper import load_whisper_pretrained  # (that module imports this one)
+
+        if pad_vocab_to_multiple != 1:
+            raise ValueError(f"{key}: {directory} is a Whisper checkpoint, whose vocabulary is not padded")
+        whisper = _with_overrides(WhisperConfig.from_hf_config(hf_config), config_overrides or {}, key)
+        return load_whisper_pretrained(directory, dtype=target, allow_pickle=allow_pickle, config=whisper)
     config = _config_from_hf(hf_config, config_path, key)
-    overrides = dict(config_overrides or {})
-    overrides["vocab_padding_multiple"] = pad_vocab_to_multiple
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(config)})
-    if unknown:
-        raise ValueError(f"{key}: config_overrides {unknown} are not fields of {type(config).__name__}")
-    config = dataclasses.replace(config, **overrides)
+    overrides = {**(config_overrides or {}), "vocab_padding_multiple": pad_vocab_to_multiple}
+    config = _with_overrides(config, overrides, key)
     if "vocab_size" not in hf_config:
         raise KeyError(f"{key}: {config_path} has no 'vocab_size' key")
     Vocab = Axis("vocab", int(hf_config["vocab_size"]))
-    target = _resolve_dtype(dtype, hf_config)
 
     def template_fn(key: jax.Array) -> LmHeadModel:
         model = config.build(Vocab, key=key)
@@ -247,6 +256,14 @@ def load_pretrained(
     return template.from_hf_state_dict(state)
 
 
+def _with_overrides(config: Any, overrides: Mapping[str, Any], key: str) -> Any:
+    """``config`` (a dataclass) with the fields of ``overrides`` replaced; an unknown field is a ``ValueError``."""
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(config)})
+    if unknown:
+        raise ValueError(f"{key}: config_overrides {unknown} are not fields of {type(config).__name__}")
+    return dataclasses.replace(config, **overrides)
+
+
 def _shards(state: Mapping[str, np.ndarray], max_shard_size: int) -> list[dict[str, np.ndarray]]:
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
@@ -261,14 +278,17 @@ def _shards(state: Mapping[str, np.ndarray], max_shard_size: int) -> list[dict[s
 
 
 def save_pretrained(
-    model: LmHeadModel,
+    model: LmHeadModel | WhisperModel,
     path: str | os.PathLike[str],
     *,
     tokenizer: Any = None,
     max_shard_size: int = 5 * 1024**3,
     vocab_size: int | None = None,
 ) -> None:
-    """Write ``model`` as a Hugging Face checkpoint directory that ``transformers.AutoModelForCausalLM`` loads.
+    """Write ``model`` as a Hugging Face checkpoint directory that ``transformers`` loads.
+
+    A causal LM loads with ``transformers.AutoModelForCausalLM``; a Whisper model (written as
+    :func:`save_whisper_pretrained` writes it) with ``transformers.WhisperForConditionalGeneration``.
 
     Args:
         model: the model.
@@ -276,39 +296,65 @@ def save_pretrained(
         tokenizer: optional object with a ``save_pretrained(path)`` method (e.g. a transformers tokenizer).
         max_shard_size: the largest safetensors shard in bytes; larger checkpoints are sharded with an index file.
         vocab_size: the vocabulary size to export; rows of the embedding / output projection beyond it are dropped
-            (None: the model's real vocabulary size, i.e. without ``vocab_padding_multiple`` padding).
+            (None: the model's real vocabulary size, i.e. without ``vocab_padding_multiple`` padding). Not for
+            Whisper.
 
     Raises:
-        ValueError: if ``max_shard_size`` is not positive, ``vocab_size`` is not in ``1 .. model.Vocab.size``, or
-            the model still has LoRA adapters (merge them with ``ponente.models.lora.merge_lora``, or save them
-            with ``save_peft_pretrained``).
+        ValueError: if ``max_shard_size`` is not positive, ``vocab_size`` is not in ``1 .. model.Vocab.size`` (or
+            given for Whisper), or the model still has LoRA adapters (merge them with
+            ``ponente.models.lora.merge_lora``, or save them with ``save_peft_pretrained``).
     """
-    from safetensors.numpy import save_file  # lazy: only needed for checkpoints
-
     from ..lora import has_lora
+    from ..whisper import WhisperModel
 
+    if isinstance(model, WhisperModel):
+        from ._whisper import whisper_state_and_config  # (that module imports this one)
+
+        if vocab_size is not None:
+            raise ValueError("save_pretrained: vocab_size is not for a Whisper model (its vocabulary is not padded)")
+        state, hf_config = whisper_state_and_config(model)
+        write_checkpoint(path, state, hf_config, max_shard_size=max_shard_size, tokenizer=tokenizer)
+        return
     if has_lora(model):
         raise ValueError(
             "save_pretrained: the model has LoRA adapters, which a plain Hugging Face checkpoint cannot hold; "
             "merge them first (ponente.models.lora.merge_lora) or save them with save_peft_pretrained"
         )
-
-    if max_shard_size <= 0:
-        raise ValueError(f"save_pretrained: max_shard_size must be positive, got {max_shard_size}")
-    directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
     real = vocab_size if vocab_size is not None else getattr(model, "vocab_size", None) or model.Vocab.size
     if not 0 < real <= model.Vocab.size:
         raise ValueError(
             f"save_pretrained: vocab_size must be in 1..{model.Vocab.size} (the model's vocab axis), got {real}"
         )
     vocab_keys = _vocab_keys(model)
-    state = {k: np.ascontiguousarray(v[:real] if k in vocab_keys else v) for k, v in model.to_hf_state_dict().items()}
-    hf_config = model.config.to_hf_config(real)
+    state = {k: v[:real] if k in vocab_keys else v for k, v in model.to_hf_state_dict().items()}
+    write_checkpoint(path, state, model.config.to_hf_config(real), max_shard_size=max_shard_size, tokenizer=tokenizer)
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str],
+    state: Mapping[str, np.ndarray],
+    hf_config: dict[str, Any],
+    *,
+    max_shard_size: int,
+    tokenizer: Any = None,
+    key: str = "save_pretrained",
+) -> None:
+    """Write ``config.json`` (with the weights' ``dtype``) and ``state`` as (sharded) safetensors into ``path``.
+
+    Raises:
+        ValueError: if ``max_shard_size`` is not positive.
+    """
+    from safetensors.numpy import save_file  # lazy: only needed for checkpoints
+
+    if max_shard_size <= 0:
+        raise ValueError(f"{key}: max_shard_size must be positive, got {max_shard_size}")
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: np.ascontiguousarray(v) for k, v in state.items()}
     dtypes = {
         str(v.dtype) for v in state.values() if np.issubdtype(v.dtype, np.floating) or v.dtype.name == "bfloat16"
     }
-    hf_config["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
+    hf_config = {**hf_config, "dtype": dtypes.pop() if len(dtypes) == 1 else "float32"}
     with open(directory / CONFIG_NAME, "w", encoding="utf-8") as f:
         json.dump(hf_config, f, indent=2, sort_keys=True)
     metadata = {"format": "pt"}
@@ -326,4 +372,4 @@ def save_pretrained(
             json.dump(index, f, indent=2, sort_keys=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(os.fspath(directory))
-    logger.info("save_pretrained: wrote %d tensors in %d file(s) to %s", len(state), len(shards), directory)
+    logger.info("%s: wrote %d tensors in %d file(s) to %s", key, len(state), len(shards), directory)
