@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..whisper import WhisperConfig, WhisperModel
-from ._checkpoint import CONFIG_NAME, _read_json, _read_weights, write_checkpoint
+from ._files import CONFIG_NAME, _read_json, _read_weights, write_checkpoint
 from ._hub import resolve_checkpoint
 
 __all__ = ["load_whisper_pretrained", "save_whisper_pretrained"]
