@@ -182,6 +182,11 @@ def test_the_packaged_example_writes_its_data_on_the_first_run(
     elsewhere = dataclasses.replace(config.synthetic_data, out_dir=str(tmp_path / "unused"))
     assert write_missing_synthetic_speech(elsewhere, config.data.train_urls) is None  # the run does not read it
     assert not (tmp_path / "unused").exists()
+    # other training data (here missing): the set is not written, the missing file is the error
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    assert train_asr.main(["--config_path", "whisper_tiny_digits", f"--data.train_urls=[{tmp_path / 'mine.jsonl'}]"])
+    assert not (tmp_path / "other" / "ponente_speech").exists()
 
 
 def test_missing_audio_file_names_the_file(digits: Path, tmp_path: Path) -> None:

@@ -424,9 +424,8 @@ def write_missing_synthetic_speech(config: SyntheticSpeechConfig, reads: Sequenc
 
     Args:
         config: the set.
-        reads: the paths the run reads (e.g. ``data.train_urls``, ``data.validation_urls``, ``data.tokenizer``);
-            the set is written only when one of them lies in ``config.out_dir``, so pointing the data keys
-            elsewhere never writes it.
+        reads: the paths of the run's training data (``data.train_urls``); the set is written only when one of
+            them lies in ``config.out_dir``, so a run pointed at other training data never writes it.
 
     Returns:
         The files written, or None when nothing was (the set is complete, or the run does not read it).

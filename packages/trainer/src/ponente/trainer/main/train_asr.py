@@ -4,8 +4,8 @@
 The configuration is a :class:`TrainAsrConfig` (``data``, ``model``, ``trainer``, ``optimizer`` sections) read from
 YAML files and dotted overrides; ``--help`` lists every field. A run:
 
-1. writes the synthetic set of ``synthetic_data`` if the data keys read it and it is not there yet (the packaged
-   example's spoken digits), then opens (or builds, in the background) the caches of ``data`` (an
+1. writes the synthetic set of ``synthetic_data`` if ``data.train_urls`` reads it and it is not there yet (the
+   packaged example's spoken digits), then opens (or builds, in the background) the caches of ``data`` (an
    ``AsrDatasetConfig``): log-mel features of each clip, padded or cut to ``data.chunk_seconds``, and its
    tokenised transcript after Whisper's prompt;
 2. builds the Whisper model of ``model`` (or of ``initialize_from_hf``'s config, and its weights), or resumes;
@@ -51,8 +51,8 @@ class TrainAsrConfig:
         hf_save_path: if set, export the final model as a Hugging Face folder there.
         hf_save_steps: also export every this many steps (needs ``hf_save_path``).
         wer: the word error rate measured at each evaluation (``max_examples: 0``: none).
-        synthetic_data: a synthetic spoken-digit set written into its ``out_dir`` before the run when the data keys
-            read from there and it is incomplete (None: none).
+        synthetic_data: a synthetic spoken-digit set written into its ``out_dir`` before the run when
+            ``data.train_urls`` reads from there and the set is incomplete (None: none).
     """
 
     data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
@@ -97,11 +97,9 @@ def train(config: TrainAsrConfig) -> TrainResult:
 
 
 def write_missing_data(config: TrainAsrConfig) -> None:
-    """Write the ``synthetic_data`` set if the run reads it and it is not there yet (logged; see the module doc)."""
+    """Write the ``synthetic_data`` set if ``data.train_urls`` reads it and it is not there yet (logged)."""
     if config.synthetic_data is not None:
-        data = config.data
-        reads = [*data.train_urls, *data.validation_urls, *([data.tokenizer] if data.tokenizer else [])]
-        write_missing_synthetic_speech(config.synthetic_data, reads)
+        write_missing_synthetic_speech(config.synthetic_data, config.data.train_urls)
 
 
 def recipe(config: TrainAsrConfig) -> run.AsrRecipe:
