@@ -4,7 +4,8 @@ from .attention import Attention, AttentionMask, dot_product_attention
 from .config import LmConfig, config_for_type, lm_flops_per_token, register_config, registered_types
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .llama import LlamaConfig, LlamaLMHeadModel
-from .lm import LmExample, LmHeadModel, compute_next_token_loss
+from .lm import LmExample, LmHeadModel
+from .loss import compute_next_token_loss
 from .rotary import RotaryConfig, apply_rotary
 
 __version__ = "0.1.0"
@@ -30,10 +31,11 @@ __all__ = [
 ]
 
 # --- M1 exports ---
-# ``attention.attention`` and ``flash_attention.flash_attention`` are not re-exported here: the functions would
-# shadow their own modules (``ponente.models.attention`` would stop being a module); import them from the modules.
+# ``attention.attention`` is not re-exported here: the function would shadow the subpackage
+# (``ponente.models.attention`` would stop being a package); import it, and ``attention.flash.flash_attention``, from
+# the subpackage.
 from .attention import ATTENTION_BACKENDS
-from .lm import blockwise_cross_entropy_loss, fused_cross_entropy_loss
+from .loss import blockwise_cross_entropy_loss, fused_cross_entropy_loss
 
 __all__ += ["ATTENTION_BACKENDS", "blockwise_cross_entropy_loss", "fused_cross_entropy_loss"]
 # --- end M1 exports ---
@@ -62,7 +64,7 @@ __all__ += ["Gemma2Config", "Gemma3Config", "GemmaConfig", "GemmaLMHeadModel", "
 # --- end Z2 exports ---
 
 # --- Z3 exports ---
-from .lm import compute_next_token_loss_and_aux  # noqa: E402
+from .loss import compute_next_token_loss_and_aux  # noqa: E402
 from .mixtral import MixtralConfig, MixtralLMHeadModel  # noqa: E402
 from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k  # noqa: E402
 from .olmo2 import Olmo2Config, Olmo2LMHeadModel  # noqa: E402
@@ -88,7 +90,7 @@ __all__ += ["LoraConfig", "LoraLinear"]
 # --- end H2 exports ---
 
 # --- G1a (KV cache) exports ---
-from .kv_cache import KvCache  # noqa: E402
+from .attention import KvCache  # noqa: E402
 
 __all__ += ["KvCache"]
 # --- end G1a exports ---
