@@ -126,9 +126,10 @@ def viz_logprobs(config: VizLmConfig) -> str:
     """Draw the page as configured; returns where it was written.
 
     Raises:
-        ValueError: if there are no documents (no validation data, an empty jsonl file).
+        ValueError: if there are no documents (no validation data or no validation token, a jsonl file without
+            records or whose records all tokenize to nothing).
     """
-    from ponente.trainer.viz_logprobs import document_logprobs, render_page, write_page
+    from ponente.trainer.viz_logprobs import document_logprobs, render_page, validation_rows, write_page
 
     tokenizer = _tokenizer(config)
     model = _load_model(config)
@@ -142,17 +143,16 @@ def viz_logprobs(config: VizLmConfig) -> str:
             if ids:
                 rows.append({"input_ids": np.asarray(ids, np.int32)})
                 names.append(f"{Path(config.documents).name} record {i}")
+        if not rows:
+            raise ValueError(f"documents: nothing to draw: every record of {config.documents} tokenizes to nothing")
     else:
         datasets = config.data.validation_sets(length)
         if not datasets:
             raise ValueError("data.validation_urls: no validation data to draw (or pass --documents a jsonl file)")
-        for name, dataset in datasets.items():
-            dataset.wait_for_length(config.num_docs)
-            count = min(config.num_docs, len(dataset))
-            rows.extend(dataset[i] for i in range(count))
-            names.extend(f"{name} row {i}" for i in range(count))
-    if not rows:
-        raise ValueError("documents: nothing to draw (every document is empty)")
+        try:
+            rows, names = validation_rows(datasets, config.num_docs)
+        except ValueError as exc:
+            raise ValueError(f"data.validation_urls: {exc}") from None
     documents = document_logprobs(model, rows, names=names, top_k=config.top_k, batch_size=config.batch_size)
     source = config.hf_checkpoint or config.checkpoint_path
     return write_page(render_page(documents, tokenizer, title=f"Token log-probabilities of {source}"), config.output)
