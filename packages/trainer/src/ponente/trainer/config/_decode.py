@@ -343,6 +343,7 @@ def _decode_union(tp: Any, args: tuple[Any, ...], value: Any, path: str, base: A
 def _decode_union_mapping(tp: Any, members: list[Any], value: Mapping[Any, Any], path: str, base: Any) -> Any:
     configs = [m for m in members if _kind(m) == "config"]
     fitting: list[tuple[Any, type[Any]]] = []
+    upgrade_error: ConfigError | None = None
     for member in configs:
         try:
             cls, _ = resolve_class(member, value, path, base)
@@ -353,7 +354,8 @@ def _decode_union_mapping(tp: Any, members: list[Any], value: Mapping[Any, Any],
             keys.add("type")
         try:
             upgraded = upgrade_keys(cls, value, path, base)
-        except ConfigError:
+        except ConfigError as e:  # the keys are this class's, but conflict: reported unless another class fits
+            upgrade_error = upgrade_error or e
             continue
         if set(upgraded) <= keys:
             fitting.append((member, cls))
@@ -365,6 +367,8 @@ def _decode_union_mapping(tp: Any, members: list[Any], value: Mapping[Any, Any],
     if len(fitting) > 1:
         names = " and ".join(cls.__name__ for _, cls in fitting)
         raise ConfigError(f"{path}: ambiguous: keys [{given}] fit {names}; add a distinguishing key or a type")
+    if upgrade_error is not None:
+        raise upgrade_error
     others = [m for m in members if _kind(m) in ("dict", "raw")] or configs
     if len(others) == 1:
         return decode(others[0], value, path, base)
