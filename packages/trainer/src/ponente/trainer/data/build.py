@@ -25,7 +25,7 @@ from ponente.datacache import CacheDataset, Dataset, EraShuffleDataset, MixtureD
 from ponente.trainer.data.cache_build import open_or_build, resolve_url
 from ponente.trainer.data.lm_dataset import LMDatasetConfig, LMMixtureDatasetConfig, Row
 from ponente.trainer.data.source import SPLITS
-from ponente.trainer.data.tokens import TokenizerSpec
+from ponente.trainer.data.tokens import TokenizerSpec, load_data_tokenizer, vocab_size
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -104,7 +104,7 @@ def data_tokenizer(data: LmData) -> Tokenizer:
         FileNotFoundError: For a missing ``package://`` file or a directory without ``tokenizer.json``.
         OSError: For a hub id that cannot be fetched (e.g. offline).
     """
-    return data.the_tokenizer
+    return load_data_tokenizer(data.tokenizer)
 
 
 def data_vocab_size(data: LmData) -> int:
@@ -113,7 +113,7 @@ def data_vocab_size(data: LmData) -> int:
     Raises:
         ValueError: If ``data.vocab_size`` is smaller than the tokenizer's vocabulary.
     """
-    return data.the_vocab_size
+    return vocab_size(data_tokenizer(data), data.vocab_size, "data")
 
 
 def data_processor(data: LMDatasetConfig) -> BatchProcessor:
