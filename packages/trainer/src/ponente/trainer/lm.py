@@ -90,7 +90,7 @@ def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | str | None = "auto"
     Args:
         z_loss_weight: weight of ``logsumexp(logits)**2`` (0: none).
         block_size: compute the loss blockwise over this many vocabulary entries (None: plain; ``"auto"``:
-            blockwise for large vocabularies, see :func:`ponente.models.lm.cross_entropy_block_size`).
+            blockwise for large vocabularies, see :func:`ponente.models.loss.cross_entropy_block_size`).
 
     Returns:
         The loss function for :class:`~ponente.trainer.trainer.Trainer`.

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ponente.models import Gpt2Config, LmConfig
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, validation_sets
 from ponente.trainer.run import load_model_from_checkpoint, parse_command_line, run_cli
 
 __all__ = ["VizLmConfig", "main", "read_documents", "viz_logprobs"]
@@ -137,7 +137,7 @@ def viz_logprobs(config: VizLmConfig) -> str:
     rows: list[dict[str, np.ndarray]] = []
     names: list[str] = []
     if config.documents is not None:
-        text_key = getattr(config.data, "text_key", "text")
+        text_key = getattr(getattr(config.data, "format", None), "text_key", "text")
         for i, text in enumerate(read_documents(config.documents, text_key, config.num_docs)):
             ids = tokenizer.encode(text).ids[:length]
             if ids:
@@ -146,7 +146,7 @@ def viz_logprobs(config: VizLmConfig) -> str:
         if not rows:
             raise ValueError(f"documents: nothing to draw: every record of {config.documents} tokenizes to nothing")
     else:
-        datasets = config.data.validation_sets(length)
+        datasets = validation_sets(config.data, length)
         if not datasets:
             raise ValueError("data.validation_urls: no validation data to draw (or pass --documents a jsonl file)")
         try:

@@ -172,7 +172,9 @@ def train_language_model(config: LmRunConfig, recipe: LmRecipe, startup: Startup
     fields = batch_fields(data)
 
     def datasets(seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
-        return data.train_set(seq_len, seed=seed, batch_size=batch_size), data.validation_sets(seq_len)
+        from ponente.trainer.data import train_set, validation_sets
+
+        return train_set(data, seq_len, seed=seed, batch_size=batch_size), validation_sets(data, seq_len)
 
     def pretrained(mp: Any) -> Any:
         assert recipe.initialize_from_hf is not None

@@ -79,7 +79,7 @@ def batch_fields(data: Any) -> tuple[str, ...]:
     """The fields of the training rows of a data config: :data:`EXAMPLE_FIELDS` when any source (or mixture
     component) has a ``format`` other than ``text``, else :data:`TEXT_FIELDS`."""
     sources = list(getattr(data, "configs", {}).values()) or [data]
-    if any(getattr(source, "format", "text") != "text" for source in sources):
+    if any(getattr(getattr(source, "format", None), "has_loss_mask", False) for source in sources):
         return EXAMPLE_FIELDS
     return TEXT_FIELDS
 
