@@ -16,7 +16,7 @@ from ponente.datacache import BadRecordError, FingerprintMismatchError
 from ponente.models import LmExample
 from ponente.trainer.config import ConfigError, load_config
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, batch_for_step, resolve_url
-from ponente.trainer.lm import lm_batch, lm_example
+from ponente.trainer.tasks.lm import lm_batch, lm_example
 
 TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
 INSTRUCTIONS = "package://ponente.trainer.assets/tiny_instructions.jsonl"
