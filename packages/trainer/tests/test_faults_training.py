@@ -27,8 +27,7 @@ from ponente.trainer.checkpoint import discover_checkpoints, latest_checkpoint_p
 from ponente.trainer.config import load_config
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig
-from ponente.trainer.run._result import print_result
-from ponente.trainer.run._signals import NONFINITE_STOP
+from ponente.trainer.run._result import NONFINITE_STOP, print_result
 from ponente.trainer.tasks.lm import LmTask
 from ponente.trainer.trainer import NonFiniteLossError, Trainer, TrainerConfig
 

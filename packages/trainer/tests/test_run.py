@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 from ponente.trainer import run
 from ponente.trainer.checkpoint import save_checkpoint
-from ponente.trainer.run import _differences, _finish, _outputs, _provenance, _restore, _signals, _startup
-from ponente.trainer.run._result import print_result
+from ponente.trainer.run import _provenance, _restore, _result, _startup
 from ponente.trainer.tracker import JsonTrackerConfig, NoopTracker, TensorboardConfig
 from ponente.trainer.trainer import TrainerConfig
 
@@ -113,7 +112,7 @@ def test_config_differences_matches_a_naive_comparison(a, b, devices_a, devices_
     fixed = {
         k
         for k in differing
-        if any(k.split(".")[: len(f.split("."))] == f.split(".") for f in _differences.FIXED_ON_RESUME)
+        if any(k.split(".")[: len(f.split("."))] == f.split(".") for f in _provenance.FIXED_ON_RESUME)
     }
     got_fixed, got_other = run.config_differences(saved, current)
     assert got_fixed == sorted(fixed)
@@ -245,14 +244,14 @@ def test_output_locations_name_each_place_with_absolute_paths(tmp_path, monkeypa
     tmp_path = Path(os.path.realpath(tmp_path))  # what the working directory resolves to
     record = _provenance.RunRecord(run_id="r", config={}, num_devices=1, run_dir="logs/r")
     trackers = (JsonTrackerConfig(path="j/{run_id}/m.jsonl"), TensorboardConfig(logdir="memory://tb/{run_id}"))
-    assert _outputs.output_locations(record, checkpoints="ckpt/r", trackers=trackers) == {
+    assert _result.output_locations(record, checkpoints="ckpt/r", trackers=trackers) == {
         "checkpoints": os.path.join(tmp_path, "ckpt", "r"),
         "run record": os.path.join(tmp_path, "logs", "r"),
         "json logs": os.path.join(tmp_path, "j", "r", "m.jsonl"),
         "tensorboard logs": "memory://tb/r",
     }
     no_dir = dataclasses.replace(record, run_dir=None)
-    assert _outputs.output_locations(no_dir, checkpoints="gs://b/r", trackers=JsonTrackerConfig(path="m.jsonl")) == {
+    assert _result.output_locations(no_dir, checkpoints="gs://b/r", trackers=JsonTrackerConfig(path="m.jsonl")) == {
         "checkpoints": "gs://b/r",
         "json logs": os.path.join(tmp_path, "m.jsonl"),
     }
@@ -289,26 +288,26 @@ class _State:
 
 def test_final_checkpoint_saves_unless_no_step_ran_then_closes():
     checkpointer = _Recorder(latest="ckpt/step-7")
-    assert _finish.final_checkpoint(checkpointer, _State(7)) == "ckpt/step-7"
+    assert _result.final_checkpoint(checkpointer, _State(7)) == "ckpt/step-7"
     assert checkpointer.calls == [("on_step", 7, True), ("close",), ("latest",)]
     untouched = _Recorder()
-    assert _finish.final_checkpoint(untouched, _State(0)) is None
+    assert _result.final_checkpoint(untouched, _State(0)) is None
     assert untouched.calls == [("close",), ("latest",)]
 
 
 def test_finish_trackers_logs_the_summary_then_finishes():
     tracker = _Recorder()
-    _finish.finish_trackers(tracker, steps=3, final_loss=1.5, eval_loss={"valid/loss": 2.0})
+    _result.finish_trackers(tracker, steps=3, final_loss=1.5, eval_loss={"valid/loss": 2.0})
     assert tracker.calls == [
         ("log_summary", {"steps": 3, "final/train_loss": 1.5, "final/eval/valid/loss": 2.0}),
         ("finish",),
     ]
     tracker = _Recorder()
-    _finish.finish_trackers(tracker, steps=0, final_loss=None, eval_loss={})
+    _result.finish_trackers(tracker, steps=0, final_loss=None, eval_loss={})
     assert tracker.calls == [("log_summary", {"steps": 0}), ("finish",)]
 
 
-def _result(**changes: Any) -> run.TrainResult:
+def _a_result(**changes: Any) -> run.TrainResult:
     fields: dict[str, Any] = {
         "run_id": "r",
         "steps": 3,
@@ -325,7 +324,7 @@ def _result(**changes: Any) -> run.TrainResult:
 
 
 def test_print_result_prints_what_the_run_wrote_and_returns_the_exit_code(capsys):
-    assert print_result(_result()) == 0
+    assert _result.print_result(_a_result()) == 0
     out, err = capsys.readouterr()
     assert out == (
         "run r: 3 steps, final train loss 1.25\n"
@@ -337,10 +336,10 @@ def test_print_result_prints_what_the_run_wrote_and_returns_the_exit_code(capsys
         "    or not\n"
     )
     assert err == ""
-    assert print_result(_result(stopped="SIGTERM", sample=None)) == 0 == run.PREEMPTED_EXIT_CODE
+    assert _result.print_result(_a_result(stopped="SIGTERM", sample=None)) == 0 == run.PREEMPTED_EXIT_CODE
     out, err = capsys.readouterr()
     assert "sample" not in out
     assert err == "stopped early: SIGTERM\n"
-    assert print_result(_result(stopped="SIGTERM", exit_code=75)) == 75  # trainer.preemption_exit_code: 75
-    assert print_result(_result(stopped=f"{_signals.NONFINITE_STOP}: step 4: non-finite loss=nan")) == 1
+    assert _result.print_result(_a_result(stopped="SIGTERM", exit_code=75)) == 75  # trainer.preemption_exit_code: 75
+    assert _result.print_result(_a_result(stopped=f"{_result.NONFINITE_STOP}: step 4: non-finite loss=nan")) == 1
     assert "error: stopped: non-finite loss: step 4" in capsys.readouterr().err

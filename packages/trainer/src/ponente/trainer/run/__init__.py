@@ -10,10 +10,11 @@ and :func:`command_line_main` runs it from the command line (``--help``, ``--ver
 code of :class:`TrainResult`: 0, ``trainer.preemption_exit_code`` after SIGTERM/Ctrl-C, 1 after a non-finite loss).
 
 :meth:`Run.train` reads top to bottom and calls the task's methods (:class:`Task`); each step it takes is a plain
-function of a private module here: ``_provenance`` (run id, run record), ``_data`` (caches built once across
-processes), ``_devices`` (``jax.distributed``, vocabulary padding, batch size), ``_pretrained`` (Hugging Face
-weights), ``_restore`` (resume or initialize, reporting config differences), ``_training`` (the loop over the
-loader), ``_evaluation`` (:class:`Evaluator`), ``_finish`` (final checkpoint, trackers), ``_export``. The tools that
+function of a private module here: ``_startup`` (``jax.distributed``, vocabulary padding, batch size, start-up
+timing), ``_provenance`` (run id, run record, config differences), ``_data`` (caches built once across
+processes), ``_pretrained`` (Hugging Face weights), ``_restore`` (resume or initialize), ``_training`` (the loop
+over the loader), ``_evaluation`` (:class:`Evaluator`), ``_export``, ``_result`` (final checkpoint, trackers'
+summary, outputs, :class:`TrainResult` and its exit code). The tools that
 read a finished run (``export_lm_to_hf``, ``eval_lm``, ``viz_logprobs``) use :func:`parse_run_command_line` and
 :func:`load_model_from_checkpoint`. Heavy imports (JAX, models) happen inside the functions, so importing this
 package is cheap for entry points that never touch a device (``cache_dataset``).
@@ -21,19 +22,17 @@ package is cheap for entry points that never touch a device (``cache_dataset``).
 
 from ._cli import check_inputs, command_line_main, parse_command_line, print_versions, run_cli
 from ._data import check_training_data
-from ._devices import pad_vocab_for_partitioning
-from ._differences import config_differences
 from ._eval_harness import eval_harness_hook
 from ._evaluation import Evaluator, eval_batches
 from ._export import export_folder, export_hf
-from ._outputs import resolve_path
 from ._pretrained import hf_model_config, hf_vocab_size, load_hf_weights
+from ._provenance import config_differences
 from ._restore import find_checkpoint, load_model_from_checkpoint
-from ._result import TrainResult
+from ._result import PREEMPTED_EXIT_CODE, TrainResult, resolve_path, stop_exit_code
 from ._run import Run, start_run
 from ._run_config import check_run_inputs, parse_run_command_line
 from ._sampling import SampleConfig, sample_text
-from ._signals import PREEMPTED_EXIT_CODE, stop_exit_code
+from ._startup import pad_vocab_for_partitioning
 from ._task import RunContext, Task, TaskConfig
 from ._viz_logprobs import VizLogprobsConfig, logprob_pages
 

@@ -19,15 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ._data import build_caches_once
-from ._devices import resolve_train_batch_size, start_distributed
-from ._finish import final_checkpoint, finish_trackers
-from ._outputs import output_locations
 from ._pretrained import replace_model
 from ._provenance import RunRecord, with_run_id
 from ._restore import restore
-from ._result import TrainResult
-from ._signals import stop_exit_code
-from ._startup import Startup
+from ._result import TrainResult, final_checkpoint, finish_trackers, output_locations, stop_exit_code
+from ._startup import Startup, resolve_train_batch_size, start_distributed
 from ._task import RunContext, Task
 from ._training import train_on
 

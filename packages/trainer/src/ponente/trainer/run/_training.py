@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._data import rows_recorder
-from ._signals import NONFINITE_STOP
+from ._result import NONFINITE_STOP
 
 if TYPE_CHECKING:
     from ponente.trainer.state import TrainerState
