@@ -284,18 +284,20 @@ def test_fused_loss_splits_the_batch_into_one_group_per_data_shard(name, referen
     """The fused cross-entropy (forced on for this tiny vocabulary) under the Trainer's layouts: the same training as
     the plain loss on one device, with one group per shard of the batch (the replica and data axes together), so the
     head's gradient is reduced across devices once per step (see the models' multidevice test of the loop)."""
-    import ponente.models.lm as lm
+    import ponente.models.loss.fused as fused_kernel
+    import ponente.models.loss.next_token as next_token
 
-    monkeypatch.setattr(lm, "FUSED_LOSS_MIN_VOCAB", 8)
-    monkeypatch.setattr(lm, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 16)  # 16 (padded) vocab x 2 tokens: several chunks
+    monkeypatch.setattr(next_token, "FUSED_LOSS_MIN_VOCAB", 8)
+    # 16 (padded) vocab x 2 tokens: several chunks
+    monkeypatch.setattr(fused_kernel, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 16)
     chosen = []
-    real = lm._fused_groups
+    real = fused_kernel._fused_groups
 
     def spy(*args, **kwargs):
         chosen.append(real(*args, **kwargs))
         return chosen[-1]
 
-    monkeypatch.setattr(lm, "_fused_groups", spy)
+    monkeypatch.setattr(fused_kernel, "_fused_groups", spy)
     trainer, state, losses = train(jax.devices(), **LAYOUTS[name])
     ref_losses, ref_params = reference
     np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-5)

@@ -14,6 +14,7 @@ import pytest
 from finetune_support import CHAT, CHAT_TEMPLATE, losses, supervised_overrides, write_tiny_llama
 
 from ponente.trainer.config import load_config
+from ponente.trainer.data import train_set
 from ponente.trainer.main import sft
 from ponente.trainer.main.sft import SftConfig
 from ponente.trainer.run import _pretrained
@@ -39,7 +40,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 def test_packaged_sft_configs_parse(paths: list[str], data_format: str) -> None:
     cfg = load_config(SftConfig, paths)
-    assert cfg.data.format == data_format
+    assert cfg.data.format.choice_name == data_format
     assert cfg.initialize_from_hf is not None
     assert cfg.use_hf_model_config is None  # the model config comes from the checkpoint
     assert cfg.max_train_length is not None
@@ -113,7 +114,7 @@ def test_prompt_tokens_do_not_contribute_to_the_loss(tmp_path: Path, tiny_llama:
     from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 
     cfg = load_config(SftConfig, overrides=supervised_overrides(tmp_path, tiny_llama, 1))
-    dataset = cfg.data.train_set(128, seed=0, batch_size=8)
+    dataset = train_set(cfg.data, 128, seed=0, batch_size=8)
     rows = [dataset[i] for i in range(4)]
     batch = lm_batch({k: np.stack([r[k] for r in rows]) for k in rows[0]})
     model = load_pretrained(tiny_llama)

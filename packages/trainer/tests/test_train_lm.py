@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import ponente.namedtensor as hax
 import ponente.trainer
 from ponente.trainer.config import ConfigError, config_to_yaml, load_config
+from ponente.trainer.data import validation_sets
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig, config_differences
 from ponente.trainer.tasks.lm import lm_batch
@@ -170,7 +171,7 @@ def test_train_lm_end_to_end_export_and_eval(tmp_path, tiny_lm_overrides):
     # eval_lm: loss and bits/byte against a float64 NumPy computation over the same rows
     results = eval_lm(EvalLmConfig(data=cfg.data, model=cfg.model, checkpoint_path=result.checkpoint, batch_size=4))
     ((name, r),) = results.items()
-    ds = cfg.data.validation_sets(32)[name]
+    ds = validation_sets(cfg.data, 32)[name]
     rows = [ds[i] for i in range(4 * (len(ds) // 4))]
     ids = np.stack([row["input_ids"] for row in rows])
     seg = np.stack([row["segment_ids"] for row in rows])

@@ -15,8 +15,8 @@ from ponente.namedtensor.nn import Embedding, Linear, RmsNorm, Stacked
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from .attention import Attention, AttentionMask, attention
+from .attention.kv_cache import KvCache, take_positions
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
-from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary

@@ -17,8 +17,8 @@ from ponente.namedtensor.nn import RmsNorm
 
 from ._layer_types import with_sliding_window
 from .attention import Attention, AttentionMask
+from .attention.kv_cache import KvCache
 from .config import lm_flops_per_token, mask_padded_vocab, padded_vocab_size, register_config
-from .kv_cache import KvCache
 from .llama import LlamaConfig, LlamaDecoderLayer, LlamaLMHeadModel, QkNormAttention
 from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss
 

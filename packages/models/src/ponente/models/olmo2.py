@@ -13,8 +13,8 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear, RmsNorm
 
 from .attention import Attention, AttentionMask
+from .attention.kv_cache import KvCache
 from .config import register_config
-from .kv_cache import KvCache
 from .llama import LlamaConfig, LlamaLMHeadModel, LlamaMlp, QkNormAttention
 
 __all__ = ["Olmo2Config", "Olmo2LMHeadModel"]

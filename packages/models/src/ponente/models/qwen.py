@@ -16,8 +16,8 @@ from ponente.namedtensor.nn import Linear
 
 from ._layer_types import FULL, SLIDING, check_layer_types, layer_kinds, select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask
+from .attention.kv_cache import KvCache
 from .config import register_config
-from .kv_cache import KvCache
 from .llama import LlamaConfig, LlamaDecoderLayer, QkNormAttention
 from .mistral import MistralConfig, MistralLMHeadModel
 

@@ -61,7 +61,7 @@ class TrainLmConfig:
         use_hf_model_config: with ``initialize_from_hf``, take the model config from the checkpoint.
         z_loss_weight: weight of the z-loss ``logsumexp(logits)**2`` (0: none).
         cross_entropy_block_size: how the loss avoids materializing the full logits (None: the plain loss;
-            ``auto``: from ``ponente.models.lm.FUSED_LOSS_MIN_VOCAB`` (65536) vocabulary entries on, where the model
+            ``auto``: from ``ponente.models.loss.FUSED_LOSS_MIN_VOCAB`` (65536) vocabulary entries on, where the model
             allows it, the fused loss, chunks of positions with the gradient computed in the forward pass; a
             number: the vocabulary-blocked loss with blocks of that many entries, least memory, one more product).
         data_seed: seed of the data order (None: ``trainer.seed``).

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_caches
 
 if TYPE_CHECKING:
     from ponente.trainer.trainer import TrainerConfig
@@ -65,7 +65,7 @@ def build_caches_once(data: LMDatasetConfig | LMMixtureDatasetConfig, tcfg: Trai
         logger.info("process 0 builds the data caches in the background; the other processes follow them")
         for split in ("train", "validation"):
             if isinstance(data, LMMixtureDatasetConfig) or data.has_split(split):
-                data.build_caches(split, background=True, progress=False)  # returns once the first rows commit
+                build_caches(data, split, background=True, progress=False)  # returns once the first rows commit
     barrier("ponente.train_lm: data caches started")
     if jax.process_index() != 0:
         follow_cache_builds(True)

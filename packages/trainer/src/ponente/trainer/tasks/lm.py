@@ -129,7 +129,7 @@ def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | str | None = "auto"
     Args:
         z_loss_weight: weight of ``logsumexp(logits)**2`` (0: none).
         block_size: compute the loss blockwise over this many vocabulary entries (None: plain; ``"auto"``:
-            blockwise for large vocabularies, see :func:`ponente.models.lm.cross_entropy_block_size`).
+            blockwise for large vocabularies, see :func:`ponente.models.loss.cross_entropy_block_size`).
 
     Returns:
         The loss function for :class:`~ponente.trainer.trainer.Trainer`.
@@ -157,7 +157,7 @@ def batch_fields(data: Any) -> tuple[str, ...]:
     """The fields of the training rows of a data config: :data:`EXAMPLE_FIELDS` when any source (or mixture
     component) has a ``format`` other than ``text``, else :data:`TEXT_FIELDS`."""
     sources = list(getattr(data, "configs", {}).values()) or [data]
-    if any(getattr(source, "format", "text") != "text" for source in sources):
+    if any(getattr(getattr(source, "format", None), "has_loss_mask", False) for source in sources):
         return EXAMPLE_FIELDS
     return TEXT_FIELDS
 
@@ -299,8 +299,10 @@ class LmTask(Task):
 
     def datasets(self, seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
         """The packed training rows of ``data`` and its validation sets."""
-        return self.data.train_set(self.seq_len, seed=seed, batch_size=batch_size), self.data.validation_sets(
-            self.seq_len
+        from ponente.trainer.data import train_set, validation_sets
+
+        return train_set(self.data, self.seq_len, seed=seed, batch_size=batch_size), validation_sets(
+            self.data, self.seq_len
         )
 
     def flops_per_token(self) -> float | None:
