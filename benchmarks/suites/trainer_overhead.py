@@ -32,8 +32,8 @@ from benchmarks.suites.trainer import bench_train_step, gpt2_logits, gpt2_params
 from ponente.models import Gpt2Config
 from ponente.trainer.config import load_config
 from ponente.trainer.data import DataLoader, build_caches, train_set
-from ponente.trainer.lm import lm_batch, lm_loss_fn
 from ponente.trainer.main.train_lm import TrainLmConfig
+from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
 if TYPE_CHECKING:

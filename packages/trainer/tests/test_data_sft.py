@@ -27,7 +27,7 @@ from ponente.trainer.data import (
     train_set,
     validation_sets,
 )
-from ponente.trainer.lm import lm_batch, lm_example
+from ponente.trainer.tasks.lm import lm_batch, lm_example
 
 TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
 INSTRUCTIONS = "package://ponente.trainer.assets/tiny_instructions.jsonl"

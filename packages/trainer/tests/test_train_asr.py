@@ -21,7 +21,7 @@ from ponente.trainer.config import load_config
 from ponente.trainer.data.synthetic_speech import write_missing_synthetic_speech, write_synthetic_speech
 from ponente.trainer.main import train_asr
 from ponente.trainer.main.train_asr import TrainAsrConfig
-from ponente.trainer.run import whisper_batch
+from ponente.trainer.tasks.asr import whisper_batch
 from ponente.trainer.wer import edit_distance, wer
 
 TINY_MODEL = {

@@ -135,7 +135,7 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
 
     from ponente.models import compute_next_token_loss
     from ponente.trainer.data import batch_for_step
-    from ponente.trainer.lm import lm_batch, lm_example
+    from ponente.trainer.tasks.lm import lm_batch, lm_example
 
     checkpoint = find_checkpoint(config.checkpoint_path) if config.checkpoint_path is not None else None
     data = config.data

@@ -27,10 +27,11 @@ from ponente.trainer import run
 from ponente.trainer.data import AsrDatasetConfig
 from ponente.trainer.data.synthetic_speech import SyntheticSpeechConfig, write_missing_synthetic_speech
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
-from ponente.trainer.run import TrainResult, WerConfig
+from ponente.trainer.run import Run, TrainResult
+from ponente.trainer.tasks.asr import AsrTask, WerConfig
 from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["TrainAsrConfig", "WerConfig", "main", "recipe", "train"]
+__all__ = ["TrainAsrConfig", "WerConfig", "main", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,37 +92,13 @@ def train(config: TrainAsrConfig) -> TrainResult:
     """
     write_missing_data(config)
     startup = run.start_run(config.trainer)
-    run.check_training_data(config.data, hint="the packaged example: --config_path whisper_tiny_digits")
-    config.data.the_tokenizer  # noqa: B018  (fails early, naming data.tokenizer)
-    return run.train_speech_model(config, recipe(config), startup)
+    return Run(AsrTask(config), startup).train()
 
 
 def write_missing_data(config: TrainAsrConfig) -> None:
     """Write the ``synthetic_data`` set if ``data.train_urls`` reads it and it is not there yet (logged)."""
     if config.synthetic_data is not None:
         write_missing_synthetic_speech(config.synthetic_data, config.data.train_urls)
-
-
-def recipe(config: TrainAsrConfig) -> run.AsrRecipe:
-    """What a :class:`TrainAsrConfig` trains and exports.
-
-    Returns:
-        The recipe for :func:`ponente.trainer.run.train_speech_model`.
-    """
-    model_config = config.model
-    if config.initialize_from_hf and config.use_hf_model_config is not False:
-        model_config = run.hf_whisper_config(config.initialize_from_hf)
-    export = None
-    if config.hf_save_path:
-        export = run.whisper_exporter(config.hf_save_path, tokenizer=config.data.the_tokenizer, data=config.data)
-    return run.AsrRecipe(
-        model_config=model_config,
-        initialize_from_hf=config.initialize_from_hf,
-        allow_pickle=config.allow_pickle,
-        export=export,
-        export_every=config.hf_save_steps,
-        wer=config.wer,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,12 +13,26 @@ from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_
 if TYPE_CHECKING:
     from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["RECORD_ROWS_ENV", "build_caches_once", "rows_recorder"]
+__all__ = ["RECORD_ROWS_ENV", "build_caches_once", "check_training_data", "rows_recorder"]
 
 logger = logging.getLogger("ponente.trainer.run")
 
 RECORD_ROWS_ENV = "PONENTE_RECORD_ROWS"
 """Environment variable: if set, :func:`rows_recorder` appends the rows of each step to ``$VALUE.<process index>``."""
+
+
+def check_training_data(data: Any, hint: str) -> None:
+    """Fail early when a single-source data config names no training data.
+
+    Args:
+        data: the data config (``LMDatasetConfig``, ``LMMixtureDatasetConfig``, ``AsrDatasetConfig``, ...).
+        hint: what to pass instead, for the message (e.g. ``"--config_path gpt2_nano"``).
+
+    Raises:
+        ValueError: if ``data.train_urls`` is empty and ``data.id`` is not set.
+    """
+    if not hasattr(data, "configs") and not getattr(data, "train_urls", None) and getattr(data, "id", None) is None:
+        raise ValueError(f"data.train_urls is empty and data.id is not set: nothing to train on (for example, {hint})")
 
 
 def build_caches_once(data: LMDatasetConfig | LMMixtureDatasetConfig, tcfg: TrainerConfig) -> None:
