@@ -86,8 +86,8 @@ VIOLATIONS = {
     ),
     "a cycle in models": (
         "no-cycles",
-        "models/attention_mask.py",
-        "def _late():\n    from ponente.models import attention",
+        "models/attention/_mask.py",
+        "def _late():\n    from ponente.models.attention import backends",
     ),
     "a cycle in a trainer subpackage": (
         "no-cycles",
@@ -102,8 +102,18 @@ VIOLATIONS = {
     "the loop imports the entry points": ("trainer-layers", "trainer/trainer/_loop.py", "import ponente.trainer.main"),
     "attention imports the model interface": (
         "models-layers",
-        "models/flash_attention.py",
+        "models/attention/flash.py",
         "import ponente.models.lm",
+    ),
+    "the reference backend imports the backends by name": (
+        "models-attention-layers",
+        "models/attention/reference.py",
+        "import ponente.models.attention.backends",
+    ),
+    "a loss kernel imports the next-token loss": (
+        "models-loss-layers",
+        "models/loss/blockwise.py",
+        "import ponente.models.loss.next_token",
     ),
     "a new model module placed in no layer": ("models-layers", "models/newmodel.py", "import ponente.models.config"),
     "datacache errors import the builder": (

@@ -5,7 +5,7 @@ group, head size 64, float32; on GPU/TPU one sequence of Llama-3.2-1B's attentio
 bfloat16. For each length and each backend whose ``supports`` check accepts the call on this device, the suite
 records the median forward+backward time, XLA's compiled scratch ("temp") memory, and both as ratios over
 ``reference`` at the same length; it also records which backend ``auto`` picks. These figures set
-``FLASH_MIN_SEQ_LEN`` in ``ponente.models.attention_backends``. The ``packed`` mask (on GPU/TPU by default) is
+``FLASH_MIN_SEQ_LEN`` in ``ponente.models.attention.backends``. The ``packed`` mask (on GPU/TPU by default) is
 the same causal attention over packed documents: segment ids of documents of random lengths (mean a quarter of
 the sequence), named ``seqN-packed/backend``.
 
@@ -29,7 +29,7 @@ import ponente.namedtensor as hax
 from benchmarks.harness import packed_segment_ids, time_fn
 from ponente.models import AttentionMask
 from ponente.models.attention import attention
-from ponente.models.attention_backends import BACKENDS, AttentionCall, auto_backend
+from ponente.models.attention.backends import BACKENDS, AttentionCall, auto_backend
 
 if TYPE_CHECKING:
     from benchmarks.harness import Recorder

@@ -45,7 +45,7 @@ import numpy as np
 import ponente.namedtensor as hax
 import ponente.namedtensor.partitioning as partitioning
 from ponente.models import blockwise_cross_entropy_loss
-from ponente.models.lm import FUSED_LOSS_BLOCK_SIZE, FUSED_LOSS_CHUNK_ELEMENTS, fused_cross_entropy_loss
+from ponente.models.loss import FUSED_LOSS_BLOCK_SIZE, FUSED_LOSS_CHUNK_ELEMENTS, fused_cross_entropy_loss
 from ponente.namedtensor import NamedArray
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ with an Alpaca-style prompt template, tokenized with the shipped Shakespeare tok
 ``ponente.datacache.SupervisedProcessor`` (prompt tokens masked), then read through
 ``ponente.datacache.PackedExampleDataset`` twice: ``pack=True`` (several examples per row, attention kept apart
 by segment ids, positions restarting) and ``pack=False`` (one example per row, padded). Each step reads the next
-``BATCH`` rows in order (wrapping around), makes the batch (``ponente.trainer.lm.lm_batch``) and runs the
+``BATCH`` rows in order (wrapping around), makes the batch (``ponente.trainer.tasks.lm.lm_batch``) and runs the
 Trainer's step on a small Llama (hidden 128, 2 layers, vocab 4096) with AdamW; the two modes' steps are timed in
 interleaved rounds (``benchmarks.harness.interleaved_times``), reading included.
 
@@ -36,7 +36,7 @@ from benchmarks.harness import interleaved_times, round_ratio
 from ponente.datacache import PackedExampleDataset, SupervisedProcessor, build_cache
 from ponente.datacache.packing import PAD_SEGMENT_ID
 from ponente.models import LlamaConfig
-from ponente.trainer.lm import lm_batch, lm_loss_fn
+from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
 if TYPE_CHECKING:

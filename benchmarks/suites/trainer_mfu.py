@@ -36,8 +36,8 @@ import optax
 import ponente.namedtensor as hax
 from benchmarks.harness import packed_segment_ids, time_fn
 from ponente.models import CHECKPOINT_NAMES, LlamaConfig, LmExample, compute_next_token_loss
-from ponente.trainer.lm import lm_batch, lm_loss_fn
 from ponente.trainer.mfu import device_peak_flops, mfu
+from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
 if TYPE_CHECKING:

@@ -31,9 +31,9 @@ from benchmarks.harness import interleaved_times, round_ratio
 from benchmarks.suites.trainer import bench_train_step, gpt2_logits, gpt2_params
 from ponente.models import Gpt2Config
 from ponente.trainer.config import load_config
-from ponente.trainer.data import DataLoader
-from ponente.trainer.lm import lm_batch, lm_loss_fn
+from ponente.trainer.data import DataLoader, build_caches, train_set
 from ponente.trainer.main.train_lm import TrainLmConfig
+from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ def run(rec: Recorder) -> None:
 
 def _loader_vs_synthetic(rec: Recorder, config: TrainLmConfig, vocab: int) -> None:
     cfg, batch = config.model, config.trainer.train_batch_size
-    config.data.build_caches("train", background=False, progress=False)
-    dataset = config.data.train_set(cfg.seq_len, seed=0)
+    build_caches(config.data, "train", background=False, progress=False)
+    dataset = train_set(config.data, cfg.seq_len, seed=0)
     trainer = Trainer(
         TrainerConfig(train_batch_size=batch, num_train_steps=10**6, compilation_cache_dir=None, progress_bar=False),
         optax.adamw(3e-3, weight_decay=0.1),

@@ -18,8 +18,8 @@ import pytest
 import ponente.namedtensor as hax
 from ponente.models import AttentionMask, Gemma2Config
 from ponente.models.attention import attention
-from ponente.models.attention_backends import BACKENDS, FLASH_MIN_SEQ_LEN, AttentionCall, auto_backend
-from ponente.models.pallas_attention import pallas_attention
+from ponente.models.attention.backends import BACKENDS, FLASH_MIN_SEQ_LEN, AttentionCall, auto_backend
+from ponente.models.attention.pallas import pallas_attention
 from ponente.namedtensor import NamedArray
 
 # head size 16 and 32 positions: small shapes the GPU kernels take (cuDNN: head size % 8; Triton: >= 16)

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import ponente.namedtensor as hax
 from ponente.models import AttentionMask, Gemma2Config, LmExample, compute_next_token_loss, dot_product_attention
-from ponente.models.attention_backends import AttentionCall, auto_backend
-from ponente.models.flash_attention import _flash_arrays, _Spec, flash_attention
-from ponente.models.reference_attention import soft_capped_attention
+from ponente.models.attention.backends import AttentionCall, auto_backend
+from ponente.models.attention.flash import _flash_arrays, _Spec, flash_attention
+from ponente.models.attention.reference import soft_capped_attention
 from ponente.namedtensor import NamedArray
 
 Batch, Pos, KVHeads, Group, HeadSize = hax.make_axes(

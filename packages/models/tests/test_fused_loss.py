@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ponente.models.lm as lm
+import ponente.models.loss.fused as fused_kernel
+import ponente.models.loss.next_token as next_token
 import ponente.namedtensor as hax
 from ponente.models import LlamaConfig, LmExample, compute_next_token_loss
-from ponente.models.lm import fused_cross_entropy_loss
+from ponente.models.loss import fused_cross_entropy_loss
 from ponente.namedtensor import NamedArray
 
 B, P, E, V = hax.make_axes(batch=3, position=7, embed=6, vocab=23)
@@ -260,10 +261,11 @@ def test_fused_loss_checks_arguments() -> None:
 
 
 def test_default_chunk_size() -> None:
-    assert lm._fused_chunk_size(128256, 1, 2048) == 1024  # 2**27 // 128256 = 1046 tokens, a power of two below
-    assert lm._fused_chunk_size(128256, 4, 2048) == 256  # the same tokens spread over a batch of 4
-    assert lm._fused_chunk_size(128256, 4, 100) == 100  # never above the positions
-    assert lm._fused_chunk_size(2**30, 8, 2048) == 1  # at least one position
+    # 2**27 // 128256 = 1046 tokens, a power of two below
+    assert fused_kernel._fused_chunk_size(128256, 1, 2048) == 1024
+    assert fused_kernel._fused_chunk_size(128256, 4, 2048) == 256  # the same tokens spread over a batch of 4
+    assert fused_kernel._fused_chunk_size(128256, 4, 100) == 100  # never above the positions
+    assert fused_kernel._fused_chunk_size(2**30, 8, 2048) == 1  # at least one position
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -273,16 +275,16 @@ def test_auto_loss_is_fused_above_the_threshold(monkeypatch: pytest.MonkeyPatch,
     model = config.build(vocab, key=jax.random.key(0))
     tokens = np.random.RandomState(0).randint(0, vocab.size, size=(2, 7))
     ex = LmExample.causal(hax.named(tokens, ("batch", "position")), eos_id=3)
-    monkeypatch.setattr(lm, "FUSED_LOSS_MIN_VOCAB", 16)
-    monkeypatch.setattr(lm, "FUSED_LOSS_CHUNK_ELEMENTS", 3 * 2 * vocab.size)  # 3 positions per chunk of 7
+    monkeypatch.setattr(next_token, "FUSED_LOSS_MIN_VOCAB", 16)
+    monkeypatch.setattr(fused_kernel, "FUSED_LOSS_CHUNK_ELEMENTS", 3 * 2 * vocab.size)  # 3 positions per chunk of 7
     calls: list[str] = []
-    real = lm.fused_cross_entropy_loss
+    real = next_token.fused_cross_entropy_loss
 
     def spy(*args: Any, **kwargs: Any) -> NamedArray:
         calls.append(kwargs["reduction"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm, "fused_cross_entropy_loss", spy)
+    monkeypatch.setattr(next_token, "fused_cross_entropy_loss", spy)
 
     def loss(m: Any, block_size: str | None) -> jax.Array:
         return compute_next_token_loss(

@@ -33,7 +33,7 @@ from ponente.models import (
     QwenConfig,
     RotaryConfig,
 )
-from ponente.models.kv_cache import CACHE_POSITION, KvCache, cached_attention
+from ponente.models.attention.kv_cache import CACHE_POSITION, KvCache, cached_attention
 from ponente.models.lora import loraize
 from ponente.namedtensor.nn import BlockSeq
 

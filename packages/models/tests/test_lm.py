@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ponente.models.lm as lm
+import ponente.models.loss.fused as fused_kernel
 import ponente.namedtensor as hax
 from ponente.models import (
     Attention,
@@ -25,7 +25,7 @@ from ponente.models import (
     blockwise_cross_entropy_loss,
     compute_next_token_loss,
 )
-from ponente.models.lm import FUSED_LOSS_BLOCK_SIZE, FUSED_LOSS_MIN_VOCAB, cross_entropy_block_size
+from ponente.models.loss import FUSED_LOSS_BLOCK_SIZE, FUSED_LOSS_MIN_VOCAB, cross_entropy_block_size
 from ponente.namedtensor import NamedArray
 from ponente.namedtensor.nn import Embedding
 
@@ -312,7 +312,7 @@ def _has_logits(model: LmHeadModel, ex: LmExample) -> bool:
 def test_default_loss_switches_to_blockwise_at_the_vocabulary_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     ex = LmExample.causal(hax.named(_tokens(2, 9), ("batch", "position")))
     # the fused loss's chunks: 4 of the 9 positions (by default a chunk would be the whole of this short sequence)
-    monkeypatch.setattr(lm, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 4 * FUSED_LOSS_MIN_VOCAB)
+    monkeypatch.setattr(fused_kernel, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 4 * FUSED_LOSS_MIN_VOCAB)
     below = _toy_lm(hax.Axis("vocab", FUSED_LOSS_MIN_VOCAB - 1))
     at = _toy_lm(hax.Axis("vocab", FUSED_LOSS_MIN_VOCAB))
     assert (cross_entropy_block_size(below), cross_entropy_block_size(at)) == (None, FUSED_LOSS_BLOCK_SIZE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,3 +154,65 @@ def test_bad_inputs_name_the_setting() -> None:
         greedy_transcribe(model, _named_features(_features(80)), [SOT], max_new_tokens=100)
     with pytest.raises(ValueError, match="d_model"):
         WhisperConfig(d_model=30, encoder_attention_heads=4)
+
+
+def _safetensors(folder) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_load_pretrained_and_save_pretrained_dispatch_on_the_model_type(tmp_path) -> None:
+    from ponente.models.hf import load_pretrained, save_pretrained
+    from ponente.models.whisper import WhisperModel
+
+    hf = _hf_model(80, seed=6)
+    hf.save_pretrained(tmp_path / "hf")  # float32
+    model = load_pretrained(tmp_path / "hf")
+    assert isinstance(model, WhisperModel)
+    feats = _features(80, batch=2, seed=7)
+    tokens = np.array([[SOT, 3, 4, 5], [SOT, 9, 8, 7]])
+    with torch.no_grad():
+        ref = hf(input_features=torch.tensor(feats), decoder_input_ids=torch.tensor(tokens)).logits.numpy()
+    ours = model(_named_features(feats), hax.named(jnp.asarray(tokens), ("batch", "position")))
+    np.testing.assert_allclose(ours.rearrange(("batch", "position", "vocab")).array, ref, rtol=0, atol=1e-5)
+    save_pretrained(model, tmp_path / "ours")
+    back = transformers.WhisperForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        again = back(input_features=torch.tensor(feats), decoder_input_ids=torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_array_equal(again, ref)
+    with pytest.raises(ValueError, match="vocabulary is not padded"):
+        load_pretrained(tmp_path / "hf", pad_vocab_to_multiple=64)
+    with pytest.raises(ValueError, match="not fields of WhisperConfig"):
+        load_pretrained(tmp_path / "hf", config_overrides={"no_such_field": 1})
+
+
+def test_hugging_face_round_trip_is_bitwise(tmp_path) -> None:
+    hf = _hf_model(80, seed=8)
+    hf.save_pretrained(tmp_path / "hf")
+    original = _safetensors(tmp_path / "hf")
+    # transformers' float32 sinusoids are not sinusoids(): the stored table must be kept, not recomputed
+    stored = original["model.encoder.embed_positions.weight"]
+    assert not np.array_equal(stored, sinusoids(*stored.shape))
+    model = load_whisper_pretrained(tmp_path / "hf")
+    save_whisper_pretrained(model, tmp_path / "ours")
+    written = _safetensors(tmp_path / "ours")
+    assert set(written) == set(original)
+    for name, value in original.items():
+        assert written[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(written[name].view(np.uint8), value.view(np.uint8), err_msg=name)
+    feats = _named_features(_features(80, batch=1, seed=9))
+    tokens = hax.named(jnp.asarray([[SOT, 3, 4]]), ("batch", "position"))
+    again = load_whisper_pretrained(tmp_path / "ours")
+    np.testing.assert_array_equal(again(feats, tokens).array, model(feats, tokens).array)
+
+
+def test_a_new_model_starts_from_the_sinusoids_and_they_get_no_gradient() -> None:
+    cfg = WhisperConfig.preset("tiny").scaled(d_model=16, layers=1, heads=2, max_source_positions=8, vocab_size=32)
+    model = cfg.build(key=jax.random.key(0))
+    np.testing.assert_array_equal(model.model.encoder.embed_positions.weight.array, sinusoids(8, 16))
+    feats = _named_features(_features(80, batch=1, frames=16))
+    tokens = hax.named(jnp.asarray([[1, 2, 3]]), ("batch", "position"))
+    grads = eqx.filter_grad(lambda m: m(feats, tokens).array.sum())(model)
+    assert not np.asarray(grads.model.encoder.embed_positions.weight.array).any()
+    assert np.asarray(grads.model.encoder.conv1.weight.array).any()

@@ -337,3 +337,29 @@ def test_shard_over_explicit_mesh_axes_reshards():
     assert y.array.sharding.spec == PartitionSpec("model")
     assert x.array.sharding.spec == PartitionSpec(None, "data")
     np.testing.assert_array_equal(y.array, np.zeros(Mlp.size))
+
+
+def test_compiled_call_runs_its_executable_without_compiling_and_other_shapes_through_named_jit():
+    import jax.numpy as jnp
+
+    from ponente.namedtensor.partitioning import named_jit
+
+    compiles: list[float] = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    f = named_jit(lambda x, scale: {"y": x * scale})
+    twice = f.compile(jnp.zeros(3), 2.0)
+    three, two = jnp.asarray([0.0, 1.0, 2.0]), jnp.asarray([0.0, 1.0])
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        got = twice(three, 2.0)["y"]
+        assert compiles == []
+        assert got.tolist() == [0.0, 2.0, 4.0]
+        assert twice(two, 3.0)["y"].tolist() == [0.0, 3.0]  # another shape and static value: compiled for them
+        assert len(compiles) >= 1
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert twice.compiled.cost_analysis() is not None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ponente.trainer.config import ConfigError, load_config
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, resolve_url
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_caches, resolve_url
 from ponente.trainer.main.cache_dataset import CacheDatasetConfig, cache_dataset, main
 
 ASSETS = "package://ponente.trainer.assets/"
@@ -37,7 +37,7 @@ def test_main_builds_the_validation_cache(tmp_path: Path, capsys: pytest.Capture
         tokenizer=f"{ASSETS}shakespeare_tokenizer.json",
         cache_dir=str(tmp_path),
     )
-    cache = cfg.build_caches("validation", background=False)
+    cache = build_caches(cfg, "validation", background=False)
     tok = cfg.the_tokenizer
     assert cache.is_finished
     assert len(cache) == 3

@@ -23,8 +23,12 @@ from ponente.trainer.data import (
     FollowMode,
     LMDatasetConfig,
     LMMixtureDatasetConfig,
+    build_caches,
+    data_processor,
     follow_cache_builds,
     resolve_url,
+    train_set,
+    validation_sets,
 )
 from ponente.trainer.data.cache_build import open_or_build
 
@@ -132,10 +136,10 @@ def test_follower_reads_the_cache_while_another_thread_builds_it(tmp_path: Path)
     docs = _documents(1, 15)
     cfg = _config(tmp_path, docs)
     location = str(tmp_path / "cache" / "c")
-    builder = _Builder(cfg.train_urls, location, cfg.processor())
+    builder = _Builder(cfg.train_urls, location, data_processor(cfg))
     follow_cache_builds(timeout=WAIT)
     try:
-        cache = open_or_build(location, background=True, inputs=cfg.train_urls, processor=cfg.processor())
+        cache = open_or_build(location, background=True, inputs=cfg.train_urls, processor=data_processor(cfg))
         # the builder is paused after two batches of two documents: the cache cannot be finished
         assert not cache.is_finished
         committed = len(cache)  # may still grow up to the pause: read it once
@@ -152,7 +156,7 @@ def test_follower_asked_for_a_finished_cache_waits_for_the_end_of_the_build(tmp_
     docs = _documents(2, 9)
     cfg = _config(tmp_path, docs)
     location = str(tmp_path / "cache" / "c")
-    builder = _Builder(cfg.train_urls, location, cfg.processor(), after=1)
+    builder = _Builder(cfg.train_urls, location, data_processor(cfg), after=1)
     follow_cache_builds(timeout=WAIT)
     result: dict[str, Any] = {}
 
@@ -180,7 +184,7 @@ def test_follower_opens_a_finished_cache_at_once(tmp_path: Path) -> None:
     docs = _documents(3, 5)
     cfg = _config(tmp_path, docs)
     location = str(tmp_path / "cache" / "c")
-    build_cache(cfg.train_urls, location, processor=cfg.processor(), workers=0, progress=False)
+    build_cache(cfg.train_urls, location, processor=data_processor(cfg), workers=0, progress=False)
     follow_cache_builds(timeout=0)
     for background in (True, False):
         cache = open_or_build(location, background=background)
@@ -193,11 +197,11 @@ def test_follower_times_out_naming_the_location_and_writes_nothing(tmp_path: Pat
     cfg = _config(tmp_path, _documents(4, 3))
     follow_cache_builds(timeout=0.3)
     with pytest.raises(TimeoutError, match=re.escape(repr(location))) as info:
-        open_or_build(location, background=True, inputs=cfg.train_urls, processor=cfg.processor())
+        open_or_build(location, background=True, inputs=cfg.train_urls, processor=data_processor(cfg))
     assert "process 0" in str(info.value)
     assert not (tmp_path / "nobody").exists()
     with pytest.raises(TimeoutError, match="process 0"):
-        cfg.build_caches("train")  # through the data config: no build either
+        build_caches(cfg, "train")  # through the data config: no build either
     assert not (tmp_path / "cache").exists()
 
 
@@ -205,12 +209,12 @@ def test_train_set_in_follower_mode_reads_the_cache_process_zero_builds(tmp_path
     docs = _documents(5, 14)
     cfg = _config(tmp_path, docs)
     seq_len = 8
-    builder = _Builder(cfg.train_urls, cfg.cache_path("train"), cfg.processor())
+    builder = _Builder(cfg.train_urls, cfg.cache_path("train"), data_processor(cfg))
     follow_cache_builds(timeout=WAIT)
     flat = [t for doc in _reference_tokens(docs) for t in doc]
     final = len(flat) // seq_len
     try:
-        windows = cfg.train_set(seq_len, seed=0)
+        windows = train_set(cfg, seq_len, seed=0)
         assert not windows.is_finished
         assert len(windows) < final
     finally:
@@ -230,10 +234,10 @@ def test_mixture_validation_sets_in_follower_mode(tmp_path: Path) -> None:
         tokenizer=TOKENIZER,
         cache_dir=str(tmp_path / "mix"),
     )
-    processor = LMDatasetConfig(tokenizer=TOKENIZER).processor()
+    processor = data_processor(LMDatasetConfig(tokenizer=TOKENIZER))
     build_cache([url], mix.cache_path("a", "validation"), processor=processor, workers=0, progress=False)
     follow_cache_builds(timeout=0)
-    (name, windows), *rest = mix.validation_sets(4).items()
+    (name, windows), *rest = validation_sets(mix, 4).items()
     assert (name, rest) == ("a", [])
     flat = [t for doc in _reference_tokens(docs) for t in doc]
     assert [windows[i]["input_ids"].tolist() for i in range(len(windows))] == [

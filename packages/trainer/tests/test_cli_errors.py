@@ -312,3 +312,22 @@ def test_run_cli_is_the_datacache_one() -> None:
 
     assert issubclass(ConfigError, errors.PonenteUserError)
     assert ConfigError.exit_code == 2
+
+
+def test_a_cpu_run_keeps_jax_backend_discovery_off_the_console(tmp_path: Path) -> None:
+    """JAX's INFO ``Unable to initialize backend 'tpu'`` is not printed (JAX_PLATFORMS unset); Ponente's lines are."""
+    from finetune_support import write_tiny_llama
+
+    folder = write_tiny_llama(tmp_path / "llama")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"text": "hello world"}\n', encoding="utf-8")
+    args = [f"--hf_checkpoint={folder}", f"--documents={docs}", f"--output={tmp_path / 'page.html'}"]
+    done = _subprocess("ponente.trainer.main.viz_logprobs", *args, env={"JAX_PLATFORMS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "Unable to initialize backend" not in done.stderr, done.stderr
+    assert "INFO ponente.models.hf._checkpoint: load_pretrained:" in done.stderr, done.stderr
+    debug = _subprocess(
+        "ponente.trainer.main.viz_logprobs", *args, env={"JAX_PLATFORMS": "", "PONENTE_LOG_LEVEL": "DEBUG"}
+    )
+    assert debug.returncode == 0, debug.stderr
+    assert "jax._src.xla_bridge" in debug.stderr  # asked for DEBUG: JAX's own lines are shown

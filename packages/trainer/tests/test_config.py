@@ -756,7 +756,10 @@ def test_levanter_style_yaml(tmp_path: pathlib.Path) -> None:
     assert cfg.optimizer == OptimizerToy(learning_rate=1e-3, weight_decay=0.1, min_lr_ratio=0.1, warmup=1000.0)
     # the file's tracker keys belong to the default type (wandb); switching type keeps them, so they must fit
     message = error_of(TrainToy, "trainer.tracker.type=noop", paths=(path,))
-    assert message == "trainer.tracker.project: unknown key; NoopToy has no fields"
+    assert (
+        message
+        == "trainer.tracker.project: not a field of type 'noop'; it belongs to type 'wandb'; NoopToy has no fields"
+    )
     # an explicit different type in the file is replaced whole by the override
     typed = write(tmp_path, "typed.yaml", LEVANTER_STYLE.replace("  tracker:\n", "  tracker:\n    type: wandb\n"))
     assert load_config(TrainToy, [typed], ["trainer.tracker.type=noop"]).trainer.tracker == NoopToy()

@@ -26,7 +26,12 @@ from ponente.trainer.data import (
     LMDatasetConfig,
     LMMixtureDatasetConfig,
     batch_for_step,
+    build_all_caches,
+    build_caches,
+    data_processor,
     resolve_url,
+    train_set,
+    validation_sets,
 )
 from ponente.trainer.data.cache_build import build_in_background
 
@@ -87,7 +92,7 @@ def built(
         cache_dir=str(tmp_path_factory.mktemp("cache")),
         workers=0,
     )
-    cfg.build_all_caches(progress=False)
+    build_all_caches(cfg, progress=False)
     return cfg
 
 
@@ -126,7 +131,7 @@ def _rows(ds: Dataset[dict[str, np.ndarray]], indices: Sequence[int] | None = No
 
 
 def test_cache_rows_match_direct_tokenization(built: LMDatasetConfig, corpus: tuple[list[str], list[str]]) -> None:
-    cache = built.build_caches("train", background=False)
+    cache = build_caches(built, "train", background=False)
     _, docs = corpus
     assert cache.is_finished
     assert len(cache) == len(docs)
@@ -140,7 +145,7 @@ def test_cache_rows_match_direct_tokenization(built: LMDatasetConfig, corpus: tu
 def test_windows_and_segments_match_naive_packing(
     built: LMDatasetConfig, corpus: tuple[list[str], list[str]], seq_len: int
 ) -> None:
-    ds = built.train_set(seq_len, seed=0)
+    ds = train_set(built, seq_len, seed=0)
     expected = _naive_windows(_reference_tokens(built.tokenizer, corpus[1]), seq_len)
     assert len(ds) == len(expected)
     batch = batch_for_step(ds, 0, len(expected))
@@ -151,30 +156,30 @@ def test_windows_and_segments_match_naive_packing(
 
 
 def test_validation_sets(built: LMDatasetConfig, corpus: tuple[list[str], list[str]]) -> None:
-    sets = built.validation_sets(16)
+    sets = validation_sets(built, 16)
     assert list(sets) == ["default"]
     expected = _naive_windows(_reference_tokens(built.tokenizer, corpus[1][:30]), 16)
     assert _rows(sets["default"]) == [tuple(ids) for ids, _ in expected]
     no_validation = LMDatasetConfig(train_urls=corpus[0], tokenizer=built.tokenizer, cache_dir=built.cache_dir)
-    assert no_validation.validation_sets(16) == {}
+    assert validation_sets(no_validation, 16) == {}
 
 
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31))
 def test_full_shuffle_is_a_deterministic_permutation(built: LMDatasetConfig, seed: int) -> None:
-    plain = _rows(built.train_set(8, seed=seed))
+    plain = _rows(train_set(built, 8, seed=seed))
     shuffled_cfg = dataclasses.replace(built, shuffle=True)
-    shuffled = _rows(shuffled_cfg.train_set(8, seed=seed))
+    shuffled = _rows(train_set(shuffled_cfg, 8, seed=seed))
     assert sorted(shuffled) == sorted(plain)  # every row exactly once per epoch
-    assert shuffled == _rows(shuffled_cfg.train_set(8, seed=seed))
-    assert shuffled != _rows(shuffled_cfg.train_set(8, seed=seed + 1))
+    assert shuffled == _rows(train_set(shuffled_cfg, 8, seed=seed))
+    assert shuffled != _rows(train_set(shuffled_cfg, 8, seed=seed + 1))
     assert shuffled != plain
 
 
 def test_era_shuffle_permutes_within_eras(built: LMDatasetConfig) -> None:
-    plain = _rows(built.train_set(8, seed=3))
+    plain = _rows(train_set(built, 8, seed=3))
     era = 5
-    shuffled = _rows(dataclasses.replace(built, shuffle=era).train_set(8, seed=3))
+    shuffled = _rows(train_set(dataclasses.replace(built, shuffle=era), 8, seed=3))
     assert len(shuffled) == len(plain)
     for start in range(0, len(plain), era):
         assert sorted(shuffled[start : start + era]) == sorted(plain[start : start + era])
@@ -217,7 +222,7 @@ def _component_of_rows(parts: dict[str, Any], batch: np.ndarray) -> list[str]:
 
 def test_mixture_weights_hold_in_every_block(mixture_parts: dict[str, Any]) -> None:
     mix = _mixture(mixture_parts, {"a": 0.75, "b": 0.25}, mixture_block_size=8, shuffle=True)
-    ds = mix.train_set(4, seed=0)
+    ds = train_set(mix, 4, seed=0)
     blocks = 30  # more blocks than component a has rows: it restarts
     rows = batch_for_step(ds, 0, 8 * blocks)["input_ids"]
     sources = _component_of_rows(mixture_parts, rows)
@@ -230,12 +235,12 @@ def test_mixture_weights_hold_in_every_block(mixture_parts: dict[str, Any]) -> N
 def test_mixture_schedule_switches_components_at_step(mixture_parts: dict[str, Any]) -> None:
     mix = _mixture(mixture_parts, [[0, {"a": 1.0}], [2, {"b": 1.0}]], mixture_block_size=8)
     with pytest.raises(ValueError, match=r"batch_size"):
-        mix.train_set(4, seed=0)
-    ds = mix.train_set(4, seed=0, batch_size=8)
+        train_set(mix, 4, seed=0)
+    ds = train_set(mix, 4, seed=0, batch_size=8)
     sources = [_component_of_rows(mixture_parts, batch_for_step(ds, s, 8)["input_ids"]) for s in range(4)]
     assert sources == [["a"] * 8, ["a"] * 8, ["b"] * 8, ["b"] * 8]
     with pytest.raises(ValueError, match=r"multiple of data\.mixture_block_size"):
-        mix.train_set(4, seed=0, batch_size=6)
+        train_set(mix, 4, seed=0, batch_size=6)
 
 
 def test_mixture_config_errors_name_the_key(mixture_parts: dict[str, Any]) -> None:
@@ -253,12 +258,12 @@ def test_config_errors_name_the_key(tokenizer_path: str, monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match=r"data\.train_urls"):
         LMDatasetConfig(train_urls="a.jsonl")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"no train data"):
-        LMDatasetConfig(tokenizer=tokenizer_path).train_set(4, seed=0)
+        train_set(LMDatasetConfig(tokenizer=tokenizer_path), 4, seed=0)
     with pytest.raises(ValueError, match=r"data\.vocab_size"):
         _ = LMDatasetConfig(tokenizer=tokenizer_path, vocab_size=10).the_vocab_size
     assert LMDatasetConfig(tokenizer=tokenizer_path, vocab_size=512).the_vocab_size == 512
     with pytest.raises(ValueError, match=r"data\.bos_token"):
-        LMDatasetConfig(tokenizer=tokenizer_path, enforce_bos=True, bos_token="<s>").processor()
+        data_processor(LMDatasetConfig(tokenizer=tokenizer_path, enforce_bos=True, bos_token="<s>"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match=r"HF_HUB_OFFLINE"):
         _ = LMDatasetConfig(tokenizer="no-such-org/no-such-tokenizer").the_tokenizer
@@ -270,8 +275,8 @@ def test_eos_inference_needs_a_special_token(tmp_path: Path) -> None:
     tok.save(str(tmp_path / "t.json"))
     cfg = LMDatasetConfig(tokenizer=str(tmp_path / "t.json"))
     with pytest.raises(ValueError, match=r"data\.eos_token is not set"):
-        cfg.processor()
-    assert LMDatasetConfig(tokenizer=str(tmp_path / "t.json"), enforce_eos=False).processor().eos is None
+        data_processor(cfg)
+    assert data_processor(LMDatasetConfig(tokenizer=str(tmp_path / "t.json"), enforce_eos=False)).eos is None
 
 
 # -- background builds -----------------------------------------------------------------------------------
@@ -361,7 +366,7 @@ def test_a_build_failing_before_any_row_raises_at_once(tokenizer_path: str, tmp_
     bad.write_text("{not json\n")
     cfg = LMDatasetConfig(train_urls=[str(bad)], tokenizer=tokenizer_path, cache_dir=str(tmp_path / "c"), workers=0)
     with pytest.raises(CacheBuildError, match=r"bad\.jsonl, line 1") as info:
-        cfg.build_caches("train", progress=False)
+        build_caches(cfg, "train", progress=False)
     assert isinstance(info.value.__cause__, BadRecordError)
 
 
@@ -489,4 +494,4 @@ def test_shipped_tokenizer() -> None:
     ids = tok.encode(text).ids
     assert tok.decode(ids) == text
     assert len(ids) < len(text.encode()) / 2  # the merges compress English
-    assert cfg.processor().eos == EOS
+    assert data_processor(cfg).eos == EOS

@@ -15,8 +15,19 @@ from tokenizers import Tokenizer
 from ponente.datacache import BadRecordError, FingerprintMismatchError
 from ponente.models import LmExample
 from ponente.trainer.config import ConfigError, load_config
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, batch_for_step, resolve_url
-from ponente.trainer.lm import lm_batch, lm_example
+from ponente.trainer.data import (
+    ChatLmDatasetFormat,
+    LMDatasetConfig,
+    LMMixtureDatasetConfig,
+    SupervisedLmDatasetFormat,
+    batch_for_step,
+    build_caches,
+    data_processor,
+    resolve_url,
+    train_set,
+    validation_sets,
+)
+from ponente.trainer.tasks.lm import lm_batch, lm_example
 
 TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
 INSTRUCTIONS = "package://ponente.trainer.assets/tiny_instructions.jsonl"
@@ -79,8 +90,7 @@ def test_supervised_rows_match_a_hand_built_reference(tmp_path: Path, tok: Token
         train_urls=[INSTRUCTIONS],
         tokenizer=TOKENIZER,
         cache_dir=str(tmp_path),
-        format="supervised",
-        prompt_template=PROMPT,
+        format=SupervisedLmDatasetFormat(prompt_template=PROMPT),
         workers=0,
     )
     seq_len = 64
@@ -91,7 +101,7 @@ def test_supervised_rows_match_a_hand_built_reference(tmp_path: Path, tok: Token
         examples.append((head + tail, [0] * len(head) + [1] * len(tail)))
     assert max(len(ids) for ids, _ in examples) <= seq_len
     expected = _naive_pack(examples, seq_len)
-    train = cfg.train_set(seq_len, seed=0)
+    train = train_set(cfg, seq_len, seed=0)
     train.wait_for_length(None)
     assert len(train) == len(expected)
     assert len(expected) < len(examples)  # packed: several examples per row
@@ -99,14 +109,18 @@ def test_supervised_rows_match_a_hand_built_reference(tmp_path: Path, tok: Token
     assert got == expected
     assert train.truncated == 0  # type: ignore[attr-defined]
 
-    unpacked = dataclasses.replace(cfg, pack=False).train_set(seq_len, seed=0)
+    unpacked = train_set(dataclasses.replace(cfg, format=dataclasses.replace(cfg.format, pack=False)), seq_len, seed=0)
     unpacked.wait_for_length(None)
     assert len(unpacked) == len(examples)
     assert unpacked[3]["input_ids"][: len(examples[3][0])].tolist() == examples[3][0]
 
     # mask_inputs is part of the cache fingerprint: the cache built above refuses another mask policy
     with pytest.raises(FingerprintMismatchError, match="mask_inputs"):
-        dataclasses.replace(cfg, mask_inputs=False).build_caches("train", background=False)
+        build_caches(
+            dataclasses.replace(cfg, format=dataclasses.replace(cfg.format, mask_inputs=False)),
+            "train",
+            background=False,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +144,11 @@ def test_chat_rows_mask_assistant_turns(tmp_path: Path, chat_tokenizer_dir: Path
         validation_urls=[CHATS],
         tokenizer=str(chat_tokenizer_dir),  # chat_template: None -> the tokenizer_config.json's
         cache_dir=str(tmp_path),
-        format="chat",
-        pack=False,
+        format=ChatLmDatasetFormat(pack=False),
         workers=0,
     )
     seq_len = 256
-    train = cfg.train_set(seq_len, seed=0)
+    train = train_set(cfg, seq_len, seed=0)
     train.wait_for_length(None)
     records = _records(CHATS)
     assert len(train) == len(records)
@@ -153,23 +166,27 @@ def test_chat_rows_mask_assistant_turns(tmp_path: Path, chat_tokenizer_dir: Path
         assert row["loss_mask"][:n].tolist() == mask
         assert row["segment_ids"].tolist() == [0] * n + [-1] * (seq_len - n)
         assert row["position_ids"][:n].tolist() == list(range(n))
-    assert sorted(cfg.validation_sets(seq_len)) == ["default"]
+    assert sorted(validation_sets(cfg, seq_len)) == ["default"]
 
     # the same template given explicitly (a package:// .jinja file) gives the same processor config
-    explicit = dataclasses.replace(cfg, chat_template=CHAT_TEMPLATE)
-    assert explicit.processor().config() == cfg.processor().config()
+    explicit = dataclasses.replace(cfg, format=ChatLmDatasetFormat(chat_template=CHAT_TEMPLATE, pack=False))
+    assert data_processor(explicit).config() == data_processor(cfg).config()
 
 
 def test_chat_template_errors_name_the_key(tmp_path: Path, chat_tokenizer_dir: Path) -> None:
-    no_template = LMDatasetConfig(train_urls=[CHATS], tokenizer=TOKENIZER, format="chat", cache_dir=str(tmp_path))
-    with pytest.raises(ValueError, match=r"^data\.chat_template: not set, and the tokenizer"):
-        no_template.processor()
-    missing_file = dataclasses.replace(no_template, chat_template=str(tmp_path / "nope.jinja"))
-    with pytest.raises(ValueError, match=r"^data\.chat_template: .*nope\.jinja.* read as a template file"):
-        missing_file.processor()
-    broken = dataclasses.replace(no_template, chat_template="{% for m in messages %}")
-    with pytest.raises(ValueError, match=r"^data\.chat_template: Jinja syntax error"):
-        broken.processor()
+    no_template = LMDatasetConfig(
+        train_urls=[CHATS], tokenizer=TOKENIZER, format=ChatLmDatasetFormat(), cache_dir=str(tmp_path)
+    )
+    with pytest.raises(ValueError, match=r"^data\.format\.chat_template: not set, and the tokenizer"):
+        data_processor(no_template)
+    missing_file = dataclasses.replace(
+        no_template, format=ChatLmDatasetFormat(chat_template=str(tmp_path / "nope.jinja"))
+    )
+    with pytest.raises(ValueError, match=r"^data\.format\.chat_template: .*nope\.jinja.* read as a template file"):
+        data_processor(missing_file)
+    broken = dataclasses.replace(no_template, format=ChatLmDatasetFormat(chat_template="{% for m in messages %}"))
+    with pytest.raises(ValueError, match=r"^data\.format\.chat_template: Jinja syntax error"):
+        data_processor(broken)
     # a role the template does not know: the build stops with a one-line error naming the key
     path = tmp_path / "tool.jsonl"
     messages = [{"role": "tool", "content": "42"}, {"role": "assistant", "content": "the answer is 42"}]
@@ -178,41 +195,52 @@ def test_chat_template_errors_name_the_key(tmp_path: Path, chat_tokenizer_dir: P
         train_urls=[str(path)],
         tokenizer=str(chat_tokenizer_dir),
         cache_dir=str(tmp_path / "cache"),
-        format="chat",
+        format=ChatLmDatasetFormat(),
         workers=0,
     )
-    with pytest.raises(ValueError, match=r"^data\.chat_template: the template failed .* unknown role 'tool'"):
-        cfg.build_caches("train", background=False, progress=False)
+    with pytest.raises(ValueError, match=r"^data\.format\.chat_template: the template failed .* unknown role 'tool'"):
+        build_caches(cfg, "train", background=False, progress=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    data: LMDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
+
+
+def _data(*overrides: str) -> LMDatasetConfig:
+    return load_config(_Run, overrides=[f"data.{o}" for o in overrides]).data
 
 
 def test_config_keys_parse_and_errors_name_the_key() -> None:
-    cfg = load_config(
-        LMDatasetConfig,
-        overrides=[
-            "format=supervised",
-            "input_field=question",
-            "output_field=answer",
-            "mask_inputs=false",
-            "pack=false",
-        ],
-    )
-    assert (cfg.format, cfg.input_field, cfg.output_field, cfg.mask_inputs, cfg.pack) == (
-        "supervised",
-        "question",
-        "answer",
-        False,
-        False,
-    )
-    with pytest.raises(ConfigError, match="format"):
-        load_config(LMDatasetConfig, overrides=["format=alpaca"])
-    with pytest.raises(ValueError, match=r"^data\.format: expected one of"):
+    # the flat keys of earlier configs and the nested format section give the same config
+    flat = ["format=supervised", "input_field=question", "output_field=answer", "mask_inputs=false", "pack=false"]
+    nested = "format={type: supervised, input_field: question, output_field: answer, mask_inputs: false, pack: false}"
+    want = SupervisedLmDatasetFormat(input_field="question", output_field="answer", mask_inputs=False, pack=False)
+    assert _data(*flat).format == want
+    assert _data(nested).format == want
+    assert _data("format.type=chat", "format.pack=false").format == ChatLmDatasetFormat(pack=False)
+    # the same key flat and nested: fine when equal, an error naming both when not
+    assert _data("format={type: chat, pack: false}", "pack=false").format == ChatLmDatasetFormat(pack=False)
+    with pytest.raises(
+        ConfigError, match=r"^data\.pack: given both flat \(True\) and as data\.format\.pack \(False\)"
+    ):
+        _data("format={type: chat, pack: false}", "pack=true")
+    with pytest.raises(
+        ConfigError, match=r"^data\.format\.type: unknown type 'alpaca'; known: chat, supervised, text$"
+    ):
+        _data("format=alpaca")
+    with pytest.raises(
+        ConfigError, match=r"^data\.format\.chat_template: not a field of type 'supervised'; it belongs"
+    ):
+        _data("format=supervised", "chat_template={{ messages }}")
+    with pytest.raises(
+        ConfigError, match=r"^data\.format\.prompt_template: not a field of type 'text'; .*'supervised'"
+    ):
+        _data("prompt_template={{ instruction }}")
+    with pytest.raises(ConfigError, match=r"^data\.format\.input_field: expected a non-empty field name, got ''$"):
+        _data("format=supervised", "input_field=")
+    with pytest.raises(ValueError, match=r"^data\.format: expected a format config \(type one of \['chat'"):
         LMDatasetConfig(format="alpaca")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"^data\.chat_template applies to data\.format: chat"):
-        LMDatasetConfig(format="supervised", chat_template="{{ messages }}")
-    with pytest.raises(ValueError, match=r"^data\.prompt_template applies to data\.format: supervised"):
-        LMDatasetConfig(prompt_template="{{ instruction }}")
-    with pytest.raises(ValueError, match=r"^data\.input_field: expected a non-empty field name"):
-        LMDatasetConfig(format="supervised", input_field="")
 
 
 def test_bad_rows_are_skipped_and_counted_or_an_error(tmp_path: Path) -> None:
@@ -224,11 +252,12 @@ def test_bad_rows_are_skipped_and_counted_or_an_error(tmp_path: Path) -> None:
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base: dict[str, Any] = {"train_urls": [str(path)], "tokenizer": TOKENIZER, "format": "supervised", "workers": 0}
+    base: dict[str, Any] = {"train_urls": [str(path)], "tokenizer": TOKENIZER, "workers": 0}
+    base["format"] = SupervisedLmDatasetFormat()
     with pytest.raises(BadRecordError, match=r"rows\.jsonl, line 2: missing field"):
-        LMDatasetConfig(**base, cache_dir=str(tmp_path / "error")).build_caches("train", background=False)
+        build_caches(LMDatasetConfig(**base, cache_dir=str(tmp_path / "error")), "train", background=False)
     cfg = LMDatasetConfig(**base, cache_dir=str(tmp_path / "skip"), bad_records="skip")
-    cache = cfg.build_caches("train", background=False, progress=False)
+    cache = build_caches(cfg, "train", background=False, progress=False)
     assert len(cache) == 2
     assert cache.ledger.skipped == {"missing_field": 2}
     assert "rows.jsonl, line 3: missing_field: empty response" in cache.ledger.skip_examples[1]
@@ -290,19 +319,21 @@ def test_mixture_of_text_and_supervised_rows(tmp_path: Path) -> None:
     mix = LMMixtureDatasetConfig(
         configs={
             "text": LMDatasetConfig(train_urls=[str(text)], workers=0),
-            "sft": LMDatasetConfig(train_urls=[INSTRUCTIONS], format="supervised", prompt_template=PROMPT, workers=0),
+            "sft": LMDatasetConfig(
+                train_urls=[INSTRUCTIONS], format=SupervisedLmDatasetFormat(prompt_template=PROMPT), workers=0
+            ),
         },
         train_weights={"text": 0.5, "sft": 0.5},
         tokenizer=TOKENIZER,
         cache_dir=str(tmp_path / "cache"),
         mixture_block_size=4,
     )
-    train = mix.train_set(32, seed=0)
+    train = train_set(mix, 32, seed=0)
     batch = batch_for_step(train, 0, 8)
     assert set(batch) == {"input_ids", "segment_ids", "loss_mask", "position_ids"}
     # the text rows train exactly as text rows do without the supervised keys
-    text_cache = mix.build_caches("train", background=False, progress=False)["text"]
-    text_rows = dataclasses.replace(mix.configs["text"], tokenizer=TOKENIZER).rows(text_cache, 32)
+    text_cache = build_caches(mix, "train", background=False, progress=False)["text"]
+    text_rows = mix.configs["text"].format.rows(text_cache, 32)
     row = text_rows[0]
     in_mix = [k for k in range(8) if batch["input_ids"][k].tolist() == row["input_ids"].tolist()]
     assert in_mix

@@ -8,7 +8,8 @@ import pytest
 from ponente.models import LlamaConfig
 from ponente.trainer.config import load_config
 from ponente.trainer.distributed import DistributedConfig, RayConfig, barrier
-from ponente.trainer.main.train_lm import TrainLmConfig, _pad_vocab_for_partitioning
+from ponente.trainer.main.train_lm import TrainLmConfig
+from ponente.trainer.run import pad_vocab_for_partitioning
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "1"}
@@ -85,7 +86,7 @@ def test_scaling_keys_parse_from_the_command_line():
 )
 def test_vocab_is_padded_to_divide_over_its_shards(trainer, devices, multiple, expected):
     model = LlamaConfig(vocab_padding_multiple=multiple)
-    padded = _pad_vocab_for_partitioning(model, TrainerConfig(**trainer), devices)
+    padded = pad_vocab_for_partitioning(model, TrainerConfig(**trainer), devices)
     assert padded.vocab_padding_multiple == expected
     assert dataclasses.replace(padded, vocab_padding_multiple=multiple) == model
 

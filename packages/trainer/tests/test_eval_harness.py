@@ -213,3 +213,22 @@ def test_training_callback_logs_the_scores_of_the_hugging_face_backend(tmp_path:
     scores = json.loads(output.read_text())["results"][MC_TASK]
     assert scores["acc,none"] == logged[f"lm_eval/{MC_TASK}/acc"]
     assert scores["acc_norm,none"] == logged[f"lm_eval/{MC_TASK}/acc_norm"]
+
+
+def test_an_unknown_task_is_one_line_naming_tasks_and_close_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ponente.trainer.main.eval_harness import main
+
+    tasks_dir = write_tasks(tmp_path / "tasks")
+    (tmp_path / "model").mkdir()  # never loaded: the tasks are checked first (lm-eval's registry is local)
+    misspelt = MC_TASK.replace("_mc", "_mq")
+    code = main([f"--hf_checkpoint={tmp_path / 'model'}", f"--include_path={tasks_dir}", f"--tasks=[{misspelt}]"])
+    err = capsys.readouterr().err
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    assert lines[0].startswith(f"error: --tasks: unknown task '{misspelt}'"), lines[0]
+    assert MC_TASK in lines[0]  # the close name
+    assert "internal error" not in lines[0]

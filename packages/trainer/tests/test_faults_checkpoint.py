@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ponente.trainer import run
 from ponente.trainer.checkpoint import (
     CheckpointCorruptError,
     CheckpointDiskFullError,
@@ -28,6 +27,7 @@ from ponente.trainer.checkpoint import (
     save_checkpoint,
 )
 from ponente.trainer.checkpoint import _location as location
+from ponente.trainer.run import _restore
 from ponente.trainer.trainer import TrainerConfig
 
 _N = 4096  # elements per array: the value pattern below is easy to find in the data files
@@ -111,7 +111,7 @@ def test_resume_falls_back_to_the_last_readable_checkpoint(
     DAMAGE[damage](run_dir / "step-2")
     checkpointer, tcfg = _checkpointer_and_config(tmp_path, "fallback")
     with caplog.at_level(logging.INFO, logger="ponente.trainer.run"):
-        state, source = run.restore(_template(), tcfg, checkpointer, {})
+        state, source = _restore.restore(_template(), tcfg, checkpointer, {})
     assert source == str(run_dir / "step-1")
     _assert_state(state, 1.5, 1)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -128,7 +128,7 @@ def test_resume_refuses_a_damaged_checkpoint_with_on_corrupt_error(tmp_path: Pat
     DAMAGE[damage](run_dir / "step-2")
     checkpointer, tcfg = _checkpointer_and_config(tmp_path, "error")
     with pytest.raises(CheckpointCorruptError, match=rf"{run_dir / 'step-2'} is damaged.*on_corrupt is error"):
-        run.restore(_template(), tcfg, checkpointer, {})
+        _restore.restore(_template(), tcfg, checkpointer, {})
 
 
 def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path: Path) 
         DAMAGE["metadata garbage"](run_dir / f"step-{step}")
     checkpointer, tcfg = _checkpointer_and_config(tmp_path, "fallback")
     with pytest.raises(CheckpointCorruptError, match="every committed checkpoint is damaged"):
-        run.restore(_template(), tcfg, checkpointer, {})
+        _restore.restore(_template(), tcfg, checkpointer, {})
 
 
 # --- a full disk ------------------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
     monkeypatch.undo()
     assert latest_checkpoint_path(run_dir) == str(run_dir / "step-1")
     assert not any(c.step == 2 and c.committed for c in discover_checkpoints(run_dir))
-    state, source = run.restore(_template(), tcfg, tcfg.checkpointer.create("run"), {})
+    state, source = _restore.restore(_template(), tcfg, tcfg.checkpointer.create("run"), {})
     assert source == str(run_dir / "step-1")
     _assert_state(state, 1.5, 1)
 

@@ -27,8 +27,8 @@ from ponente.trainer.checkpoint import discover_checkpoints, latest_checkpoint_p
 from ponente.trainer.config import load_config
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig
-from ponente.trainer.run import NONFINITE_STOP
-from ponente.trainer.run import _recipe as recipe_module
+from ponente.trainer.run._result import NONFINITE_STOP, print_result
+from ponente.trainer.tasks.lm import LmTask
 from ponente.trainer.trainer import NonFiniteLossError, Trainer, TrainerConfig
 
 # --- the loop, on a model small enough to follow by hand ---------------------------------------------------
@@ -111,27 +111,22 @@ STEPS = 6
 
 
 def _poisoned_loss(at_calls: set[int]) -> Any:
-    """Wrap the recipe's loss: the n-th executed training step (1-based, counted on the host) has a NaN loss."""
-    real = recipe_module._loss_fn
+    """Wrap the LM task's loss: the n-th executed training step (1-based, counted on the host) has a NaN loss."""
+    real = LmTask.loss
     calls = {"n": 0}
 
     def scale() -> np.ndarray:
         calls["n"] += 1
         return np.float32(np.nan if calls["n"] in at_calls else 1.0)
 
-    def make(recipe: Any) -> Any:
-        loss_fn = real(recipe)
+    def poisoned(self: LmTask, model: Any, batch: Any, *, key: Any) -> Any:
+        factor = jax.experimental.io_callback(scale, jax.ShapeDtypeStruct((), jnp.float32))
+        out = real(self, model, batch, key=key)
+        if isinstance(out, tuple):
+            return out[0] * jax.lax.stop_gradient(factor), out[1]
+        return out * jax.lax.stop_gradient(factor)
 
-        def poisoned(model: Any, batch: Any, *, key: Any) -> Any:
-            factor = jax.experimental.io_callback(scale, jax.ShapeDtypeStruct((), jnp.float32))
-            out = loss_fn(model, batch, key=key)
-            if isinstance(out, tuple):
-                return out[0] * jax.lax.stop_gradient(factor), out[1]
-            return out * jax.lax.stop_gradient(factor)
-
-        return poisoned
-
-    return make
+    return poisoned
 
 
 def _overrides(tiny_lm_run_overrides: Any, name: str, steps: int, *extra: str) -> list[str]:
@@ -163,7 +158,7 @@ def test_nonfinite_loss_stop_saves_the_last_good_state_and_exits_1(
     assert train_lm.train(load_config(TrainLmConfig, overrides=reference)).steps == STEPS
 
     stopped = _overrides(tiny_lm_run_overrides, "stopped", STEPS, "trainer.on_nonfinite_loss=stop")
-    monkeypatch.setattr(recipe_module, "_loss_fn", _poisoned_loss({5}))
+    monkeypatch.setattr(LmTask, "loss", _poisoned_loss({5}))
     result = train_lm.train(load_config(TrainLmConfig, overrides=stopped))
     assert result.stopped is not None
     assert result.stopped.startswith(f"{NONFINITE_STOP}: step 5: non-finite loss")
@@ -176,14 +171,14 @@ def test_nonfinite_loss_stop_saves_the_last_good_state_and_exits_1(
         if jax.dtypes.issubdtype(getattr(got, "dtype", None), jax.dtypes.prng_key):
             got, want = jax.random.key_data(got), jax.random.key_data(want)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert train_lm.run.print_result(result) == 1
+    assert print_result(result) == 1
     assert f"error: stopped: {NONFINITE_STOP}: step 5" in capsys.readouterr().err
 
 
 def load_checkpoint_template(overrides: list[str]) -> Any:
     """A freshly initialized state of the configured run: the structure to load its checkpoints into."""
     import ponente.namedtensor as hax
-    from ponente.trainer.lm import lm_loss_fn
+    from ponente.trainer.tasks.lm import lm_loss_fn
 
     cfg = load_config(TrainLmConfig, overrides=overrides)
     tcfg = cfg.trainer
@@ -197,7 +192,7 @@ def test_nonfinite_loss_skip_runs_every_step_and_logs_the_count(
     tiny_lm_run_overrides: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     overrides = _overrides(tiny_lm_run_overrides, "skipped", STEPS)
-    monkeypatch.setattr(recipe_module, "_loss_fn", _poisoned_loss({2}))
+    monkeypatch.setattr(LmTask, "loss", _poisoned_loss({2}))
     result = train_lm.train(load_config(TrainLmConfig, overrides=overrides))
     assert result.stopped is None
     assert result.exit_code == 0

@@ -21,7 +21,8 @@ from ponente.trainer.config import load_config
 from ponente.trainer.main import sft
 from ponente.trainer.main.lora_lm import LoraLmConfig
 from ponente.trainer.main.sft import SftConfig
-from ponente.trainer.main.train_lm import TrainLmConfig, recipe
+from ponente.trainer.main.train_lm import TrainLmConfig
+from ponente.trainer.tasks.lm import LmTask
 
 COMMIT_A = "a" * 40
 COMMIT_B = "b" * 40
@@ -73,9 +74,11 @@ def _as_pickle(source: Path, target: Path) -> None:
 
 
 def test_allow_pickle_is_a_key_of_the_runs_that_load_hf_models(tmp_path: Path) -> None:
-    cfg = load_config(TrainLmConfig, overrides=["allow_pickle=true", f"initialize_from_hf={tmp_path}"])
+    write_tiny_llama(tmp_path)
+    data = [f"data.tokenizer={tmp_path}", "data.train_urls=[unused.jsonl]"]
+    cfg = load_config(TrainLmConfig, overrides=["allow_pickle=true", f"initialize_from_hf={tmp_path}", *data])
     assert cfg.allow_pickle is True
-    assert recipe(cfg, use_hf_model_config=False).allow_pickle is True
+    assert LmTask(cfg).allow_pickle is True
     assert load_config(TrainLmConfig).allow_pickle is False
     assert load_config(SftConfig, overrides=["allow_pickle=true"]).allow_pickle is True
     assert load_config(LoraLmConfig, overrides=["allow_pickle=true"]).allow_pickle is True

@@ -65,7 +65,7 @@ def test_base_weights_hold_no_optimizer_state() -> None:
 
     from ponente.models import LlamaConfig
     from ponente.models.lora import LoraConfig, lora_trainable_filter, loraize
-    from ponente.trainer.lm import lm_loss_fn
+    from ponente.trainer.tasks.lm import lm_loss_fn
     from ponente.trainer.trainer import Trainer, TrainerConfig
 
     model_config = LlamaConfig(

@@ -26,8 +26,8 @@ from ponente.datacache.storage import StorageError, filesystem
 from ponente.trainer.checkpoint import discover_checkpoints, latest_checkpoint_path, load_checkpoint, read_metadata
 from ponente.trainer.checkpoint._io import SLOW_CHECKPOINT_ENV
 from ponente.trainer.config import load_config
-from ponente.trainer.lm import lm_loss_fn
 from ponente.trainer.main.train_lm import TrainLmConfig
+from ponente.trainer.tasks.lm import lm_loss_fn
 from ponente.trainer.trainer import Trainer
 
 STEPS = 6

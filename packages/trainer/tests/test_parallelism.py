@@ -226,8 +226,8 @@ def test_eval_batch_size_follows_per_device_eval_parallelism():
 
 def test_eval_over_per_process_rows_counts_every_example_once():
     from ponente.datacache import InMemoryTokenStore, TokenSeqDataset
-    from ponente.trainer.lm import lm_batch, lm_loss_fn
-    from ponente.trainer.main.train_lm import _eval_batches
+    from ponente.trainer.run import eval_batches
+    from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, Vocab.size, n).tolist() for n in (30, 17, 45, 9, 60)]
@@ -236,10 +236,12 @@ def test_eval_over_per_process_rows_counts_every_example_once():
     size = 8
     assert length % size != 0, "the test needs a partial last batch"
 
-    whole = list(_eval_batches(dataset, size, None))
+    whole = list(eval_batches(dataset, size, None, make_batch=lm_batch))
     assert len(whole) == -(-length // size)
     # "processes" loading their own rows see as many batches, and together exactly the whole batches
-    halves = [list(_eval_batches(dataset, size, None, rows=slice(i * 4, i * 4 + 4))) for i in range(2)]
+    halves = [
+        list(eval_batches(dataset, size, None, rows=slice(i * 4, i * 4 + 4), make_batch=lm_batch)) for i in range(2)
+    ]
     assert [len(h) for h in halves] == [len(whole)] * 2
     for step, batch in enumerate(whole):
         for key in ("input_ids", "loss_mask"):
@@ -255,7 +257,7 @@ def test_eval_over_per_process_rows_counts_every_example_once():
                 np.testing.assert_array_equal(mask[:-1], (seg[1:] == seg[:-1]).astype(np.float32))
             else:
                 assert not mask.any(), f"padding row {index} of a dataset of {length} must not count"
-    assert len(list(_eval_batches(dataset, size, 2))) == 2
+    assert len(list(eval_batches(dataset, size, 2, make_batch=lm_batch))) == 2
 
     # the eval loss over padded batches equals a per-example loop over the dataset's rows
     loss_fn = lm_loss_fn()
@@ -265,7 +267,9 @@ def test_eval_over_per_process_rows_counts_every_example_once():
     trainer = Trainer(config, optax.sgd(0.1), loss_fn)
     assert trainer.eval_batch_size == size
     state = trainer.initial_state(lambda key: MODEL.build(Vocab, key=key))
-    got = trainer.eval_loss(state, _eval_batches(dataset, size, None, trainer.process_batch_rows(size)))
+    got = trainer.eval_loss(
+        state, eval_batches(dataset, size, None, trainer.process_batch_rows(size), make_batch=lm_batch)
+    )
     total = tokens = 0.0
     for index in range(length):
         one = lm_batch({k: v[None] for k, v in dataset[index].items()})
@@ -280,18 +284,20 @@ def test_fused_loss_splits_the_batch_into_one_group_per_data_shard(name, referen
     """The fused cross-entropy (forced on for this tiny vocabulary) under the Trainer's layouts: the same training as
     the plain loss on one device, with one group per shard of the batch (the replica and data axes together), so the
     head's gradient is reduced across devices once per step (see the models' multidevice test of the loop)."""
-    import ponente.models.lm as lm
+    import ponente.models.loss.fused as fused_kernel
+    import ponente.models.loss.next_token as next_token
 
-    monkeypatch.setattr(lm, "FUSED_LOSS_MIN_VOCAB", 8)
-    monkeypatch.setattr(lm, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 16)  # 16 (padded) vocab x 2 tokens: several chunks
+    monkeypatch.setattr(next_token, "FUSED_LOSS_MIN_VOCAB", 8)
+    # 16 (padded) vocab x 2 tokens: several chunks
+    monkeypatch.setattr(fused_kernel, "FUSED_LOSS_CHUNK_ELEMENTS", 2 * 16)
     chosen = []
-    real = lm._fused_groups
+    real = fused_kernel._fused_groups
 
     def spy(*args, **kwargs):
         chosen.append(real(*args, **kwargs))
         return chosen[-1]
 
-    monkeypatch.setattr(lm, "_fused_groups", spy)
+    monkeypatch.setattr(fused_kernel, "_fused_groups", spy)
     trainer, state, losses = train(jax.devices(), **LAYOUTS[name])
     ref_losses, ref_params = reference
     np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-5)

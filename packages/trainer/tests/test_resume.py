@@ -30,9 +30,10 @@ from ponente.trainer.checkpoint import (
 )
 from ponente.trainer.checkpoint._io import SLOW_CHECKPOINT_ENV
 from ponente.trainer.config import load_config
-from ponente.trainer.lm import lm_loss_fn
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import PREEMPTED_EXIT_CODE, TrainLmConfig
+from ponente.trainer.run._restore import restore
+from ponente.trainer.tasks.lm import lm_loss_fn
 from ponente.trainer.trainer import Trainer
 
 STEPS = 12
@@ -244,9 +245,7 @@ def test_initialize_from_starts_a_new_run_at_step_0_with_the_other_runs_weights(
     cfg = load_config(TrainLmConfig, overrides=overrides)
     checkpointer = cfg.trainer.checkpointer.create("fresh")
     fresh = _state_template(overrides)
-    state, resumed_from = train_lm._restore(
-        fresh, cfg.trainer, checkpointer, {"config": {}, "num_devices": jax.device_count()}
-    )
+    state, resumed_from = restore(fresh, cfg.trainer, checkpointer, {"config": {}, "num_devices": jax.device_count()})
     checkpointer.close()
     assert resumed_from is None
     assert int(state.step) == 0

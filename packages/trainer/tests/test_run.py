@@ -11,11 +11,6 @@ import json
 import logging
 import os
 import re
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +24,7 @@ from hypothesis import strategies as st
 
 from ponente.trainer import run
 from ponente.trainer.checkpoint import save_checkpoint
+from ponente.trainer.run import _provenance, _restore, _result, _startup
 from ponente.trainer.tracker import JsonTrackerConfig, NoopTracker, TensorboardConfig
 from ponente.trainer.trainer import TrainerConfig
 
@@ -114,7 +110,9 @@ def test_config_differences_matches_a_naive_comparison(a, b, devices_a, devices_
     }
     # the leaf's path starts with a fixed key's path, component by component
     fixed = {
-        k for k in differing if any(k.split(".")[: len(f.split("."))] == f.split(".") for f in run.FIXED_ON_RESUME)
+        k
+        for k in differing
+        if any(k.split(".")[: len(f.split("."))] == f.split(".") for f in _provenance.FIXED_ON_RESUME)
     }
     got_fixed, got_other = run.config_differences(saved, current)
     assert got_fixed == sorted(fixed)
@@ -125,16 +123,16 @@ def test_config_differences_matches_a_naive_comparison(a, b, devices_a, devices_
 
 
 def test_with_run_id_keeps_a_given_id_and_otherwise_makes_a_timestamped_one():
-    given_id = run.with_run_id(_Config(trainer=TrainerConfig(id="mine")))
+    given_id = _provenance.with_run_id(_Config(trainer=TrainerConfig(id="mine")))
     assert given_id.trainer.id == "mine"
-    fresh = run.with_run_id(_Config())
+    fresh = _provenance.with_run_id(_Config())
     assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", fresh.trainer.id or "")
     assert dataclasses.replace(fresh, trainer=TrainerConfig()) == _Config()  # nothing else changed
 
 
 def test_run_record_holds_the_resolved_config_and_device_count(tmp_path):
     config = _Config(trainer=TrainerConfig(id="r1", run_dir=str(tmp_path / "runs" / "{run_id}")), tokenizer="t")
-    record = run.RunRecord.of(config)
+    record = _provenance.RunRecord.of(config)
     assert record.run_id == "r1"
     assert record.run_dir == str(tmp_path / "runs" / "r1")
     assert record.num_devices == len(jax.devices())
@@ -148,12 +146,12 @@ def test_run_record_holds_the_resolved_config_and_device_count(tmp_path):
 
 def test_run_record_needs_a_run_id():
     with pytest.raises(ValueError, match=r"trainer\.id.*with_run_id"):
-        run.RunRecord.of(_Config())
+        _provenance.RunRecord.of(_Config())
 
 
 def test_run_record_write_leaves_the_config_git_and_pip_freeze_in_the_run_folder(tmp_path):
     config = _Config(trainer=TrainerConfig(id="r2", run_dir=str(tmp_path / "{run_id}")), tokenizer="t")
-    record = run.RunRecord.of(config)
+    record = _provenance.RunRecord.of(config)
     record.write(NoopTracker())
     folder = tmp_path / "r2"
     assert {"config.yaml", "pip_freeze.txt", "git.txt", "versions.json"} <= {p.name for p in folder.iterdir()}
@@ -164,8 +162,8 @@ def test_run_record_write_leaves_the_config_git_and_pip_freeze_in_the_run_folder
 
 
 def test_provenance_of_two_runs_differs_exactly_in_the_changed_keys():
-    a = run.RunRecord.of(_Config(trainer=TrainerConfig(id="a", train_batch_size=8, num_train_steps=10)))
-    b = run.RunRecord.of(_Config(trainer=TrainerConfig(id="b", train_batch_size=4, num_train_steps=20)))
+    a = _provenance.RunRecord.of(_Config(trainer=TrainerConfig(id="a", train_batch_size=8, num_train_steps=10)))
+    b = _provenance.RunRecord.of(_Config(trainer=TrainerConfig(id="b", train_batch_size=4, num_train_steps=20)))
     assert run.config_differences(a.provenance, b.provenance) == (
         ["trainer.train_batch_size"],
         ["trainer.num_train_steps"],
@@ -191,9 +189,9 @@ def _saved(tmp_path: Path, provenance: dict[str, Any]) -> str:
 
 def test_restore_without_a_checkpoint_keeps_the_state_unless_one_is_required():
     state = {"w": jnp.zeros(3)}
-    assert run.restore(state, TrainerConfig(), _NoCheckpoints(), {}) == (state, None)
+    assert _restore.restore(state, TrainerConfig(), _NoCheckpoints(), {}) == (state, None)
     with pytest.raises(FileNotFoundError, match="load_checkpoint is true but /nowhere/run has no committed"):
-        run.restore(state, TrainerConfig(load_checkpoint=True), _NoCheckpoints(), {})
+        _restore.restore(state, TrainerConfig(load_checkpoint=True), _NoCheckpoints(), {})
 
 
 def test_restore_refuses_a_change_of_a_fixed_key_unless_allowed(tmp_path, caplog):
@@ -201,11 +199,11 @@ def test_restore_refuses_a_change_of_a_fixed_key_unless_allowed(tmp_path, caplog
     current = {"config": {"trainer": {"seed": 1, "num_train_steps": 9}}, "num_devices": 1}
     template = {"w": jnp.zeros(3), "step": jnp.asarray(0)}
     with pytest.raises(ValueError, match=r"changes trainer\.seed: .*set trainer\.allow_config_change=true"):
-        run.restore(template, TrainerConfig(load_checkpoint_path=where), _NoCheckpoints(), current)
+        _restore.restore(template, TrainerConfig(load_checkpoint_path=where), _NoCheckpoints(), current)
 
     tcfg = TrainerConfig(load_checkpoint_path=where, allow_config_change=True)
     with caplog.at_level(logging.INFO, logger="ponente.trainer.run"):
-        state, source = run.restore(template, tcfg, _NoCheckpoints(), current)
+        state, source = _restore.restore(template, tcfg, _NoCheckpoints(), current)
     assert source is not None
     assert source.endswith("step-3")
     np.testing.assert_array_equal(np.asarray(state["w"]), [0.0, 1.0, 2.0])
@@ -220,59 +218,7 @@ def test_restore_of_a_folder_that_is_not_a_checkpoint_names_it(tmp_path):
     (tmp_path / "empty").mkdir()
     tcfg = TrainerConfig(load_checkpoint_path=str(tmp_path / "empty"))
     with pytest.raises(FileNotFoundError, match=r"load_checkpoint_path: .*empty is not a committed checkpoint"):
-        run.restore({"w": jnp.zeros(3)}, tcfg, _NoCheckpoints(), {})
-
-
-# --- signals --------------------------------------------------------------------------------------
-
-
-def test_first_sigterm_requests_a_stop_and_the_previous_handler_comes_back():
-    seen: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
-    try:
-        stops: list[str] = []
-        with run.stop_on_sigterm(stops.append):
-            signal.raise_signal(signal.SIGTERM)
-            assert stops == ["SIGTERM"]
-            assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second one would end the process
-        assert seen == []  # the outer handler did not see the first signal
-        signal.raise_signal(signal.SIGTERM)
-        assert seen == [signal.SIGTERM]  # and is back afterwards
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def test_sigterm_handling_is_left_alone_off_the_main_thread():
-    before = signal.getsignal(signal.SIGTERM)
-    inside: list[Any] = []
-
-    def body() -> None:
-        with run.stop_on_sigterm(lambda reason: None):
-            inside.append(signal.getsignal(signal.SIGTERM))
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
-    assert inside == [before]
-
-
-def test_a_second_sigterm_ends_the_process_at_once():
-    code = textwrap.dedent(
-        """
-        import os, signal, sys, time
-        from ponente.trainer.run import stop_on_sigterm
-
-        with stop_on_sigterm(lambda reason: print("stop requested:", reason, flush=True)):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.2)
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(30)
-            print("still alive", flush=True)
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
-    assert proc.stdout == "stop requested: SIGTERM\n"
+        _restore.restore({"w": jnp.zeros(3)}, tcfg, _NoCheckpoints(), {})
 
 
 # --- start-up timing, outputs, the end of a run ---------------------------------------------------
@@ -281,7 +227,7 @@ def test_a_second_sigterm_ends_the_process_at_once():
 def test_startup_logs_every_phase_once_at_the_first_step(caplog):
     from concurrent.futures import ThreadPoolExecutor
 
-    startup = run.Startup(0.0)
+    startup = _startup.Startup(0.0)
     startup.mark("config")
     with ThreadPoolExecutor(1) as pool:
         assert startup.background(pool, "compile", lambda x: x + 1, 41).result() == 42
@@ -296,16 +242,16 @@ def test_startup_logs_every_phase_once_at_the_first_step(caplog):
 def test_output_locations_name_each_place_with_absolute_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tmp_path = Path(os.path.realpath(tmp_path))  # what the working directory resolves to
-    record = run.RunRecord(run_id="r", config={}, num_devices=1, run_dir="logs/r")
+    record = _provenance.RunRecord(run_id="r", config={}, num_devices=1, run_dir="logs/r")
     trackers = (JsonTrackerConfig(path="j/{run_id}/m.jsonl"), TensorboardConfig(logdir="memory://tb/{run_id}"))
-    assert run.output_locations(record, checkpoints="ckpt/r", trackers=trackers) == {
+    assert _result.output_locations(record, checkpoints="ckpt/r", trackers=trackers) == {
         "checkpoints": os.path.join(tmp_path, "ckpt", "r"),
         "run record": os.path.join(tmp_path, "logs", "r"),
         "json logs": os.path.join(tmp_path, "j", "r", "m.jsonl"),
         "tensorboard logs": "memory://tb/r",
     }
     no_dir = dataclasses.replace(record, run_dir=None)
-    assert run.output_locations(no_dir, checkpoints="gs://b/r", trackers=JsonTrackerConfig(path="m.jsonl")) == {
+    assert _result.output_locations(no_dir, checkpoints="gs://b/r", trackers=JsonTrackerConfig(path="m.jsonl")) == {
         "checkpoints": "gs://b/r",
         "json logs": os.path.join(tmp_path, "m.jsonl"),
     }
@@ -342,26 +288,26 @@ class _State:
 
 def test_final_checkpoint_saves_unless_no_step_ran_then_closes():
     checkpointer = _Recorder(latest="ckpt/step-7")
-    assert run.final_checkpoint(checkpointer, _State(7)) == "ckpt/step-7"
+    assert _result.final_checkpoint(checkpointer, _State(7)) == "ckpt/step-7"
     assert checkpointer.calls == [("on_step", 7, True), ("close",), ("latest",)]
     untouched = _Recorder()
-    assert run.final_checkpoint(untouched, _State(0)) is None
+    assert _result.final_checkpoint(untouched, _State(0)) is None
     assert untouched.calls == [("close",), ("latest",)]
 
 
 def test_finish_trackers_logs_the_summary_then_finishes():
     tracker = _Recorder()
-    run.finish_trackers(tracker, steps=3, final_loss=1.5, eval_loss={"valid/loss": 2.0})
+    _result.finish_trackers(tracker, steps=3, final_loss=1.5, eval_loss={"valid/loss": 2.0})
     assert tracker.calls == [
         ("log_summary", {"steps": 3, "final/train_loss": 1.5, "final/eval/valid/loss": 2.0}),
         ("finish",),
     ]
     tracker = _Recorder()
-    run.finish_trackers(tracker, steps=0, final_loss=None, eval_loss={})
+    _result.finish_trackers(tracker, steps=0, final_loss=None, eval_loss={})
     assert tracker.calls == [("log_summary", {"steps": 0}), ("finish",)]
 
 
-def _result(**changes: Any) -> run.TrainResult:
+def _a_result(**changes: Any) -> run.TrainResult:
     fields: dict[str, Any] = {
         "run_id": "r",
         "steps": 3,
@@ -378,7 +324,7 @@ def _result(**changes: Any) -> run.TrainResult:
 
 
 def test_print_result_prints_what_the_run_wrote_and_returns_the_exit_code(capsys):
-    assert run.print_result(_result()) == 0
+    assert _result.print_result(_a_result()) == 0
     out, err = capsys.readouterr()
     assert out == (
         "run r: 3 steps, final train loss 1.25\n"
@@ -390,10 +336,10 @@ def test_print_result_prints_what_the_run_wrote_and_returns_the_exit_code(capsys
         "    or not\n"
     )
     assert err == ""
-    assert run.print_result(_result(stopped="SIGTERM", sample=None)) == 0 == run.PREEMPTED_EXIT_CODE
+    assert _result.print_result(_a_result(stopped="SIGTERM", sample=None)) == 0 == run.PREEMPTED_EXIT_CODE
     out, err = capsys.readouterr()
     assert "sample" not in out
     assert err == "stopped early: SIGTERM\n"
-    assert run.print_result(_result(stopped="SIGTERM", exit_code=75)) == 75  # trainer.preemption_exit_code: 75
-    assert run.print_result(_result(stopped=f"{run.NONFINITE_STOP}: step 4: non-finite loss=nan")) == 1
+    assert _result.print_result(_a_result(stopped="SIGTERM", exit_code=75)) == 75  # trainer.preemption_exit_code: 75
+    assert _result.print_result(_a_result(stopped=f"{_result.NONFINITE_STOP}: step 4: non-finite loss=nan")) == 1
     assert "error: stopped: non-finite loss: step 4" in capsys.readouterr().err

@@ -14,9 +14,11 @@ import pytest
 from finetune_support import CHAT, CHAT_TEMPLATE, losses, supervised_overrides, write_tiny_llama
 
 from ponente.trainer.config import load_config
+from ponente.trainer.data import train_set
 from ponente.trainer.main import sft
 from ponente.trainer.main.sft import SftConfig
-from ponente.trainer.main.train_lm import recipe
+from ponente.trainer.run import _pretrained
+from ponente.trainer.tasks.lm import LmTask
 
 RESPONSE_MARK = "### Response:\n"
 """Where the prompt of the tests' Alpaca-style template ends (see ``finetune_support.ALPACA_TEMPLATE``)."""
@@ -38,7 +40,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 def test_packaged_sft_configs_parse(paths: list[str], data_format: str) -> None:
     cfg = load_config(SftConfig, paths)
-    assert cfg.data.format == data_format
+    assert cfg.data.format.choice_name == data_format
     assert cfg.initialize_from_hf is not None
     assert cfg.use_hf_model_config is None  # the model config comes from the checkpoint
     assert cfg.max_train_length is not None
@@ -53,13 +55,15 @@ def test_sft_needs_a_model_to_start_from_and_rows_of_two_tokens(tiny_llama: Path
 
 
 def test_model_config_comes_from_the_checkpoint_and_rows_from_max_train_length(tiny_llama: Path) -> None:
-    cfg = load_config(SftConfig, overrides=[f"initialize_from_hf={tiny_llama}", "max_train_length=48"])
-    got = recipe(cfg, use_hf_model_config=True, max_train_length=cfg.max_train_length)
+    overrides = [f"initialize_from_hf={tiny_llama}", "max_train_length=48", "data.train_urls=[unused.jsonl]"]
+    cfg = load_config(SftConfig, overrides=[*overrides, f"data.tokenizer={tiny_llama}"])
+    got = LmTask(cfg, use_hf_model_config=True, max_train_length=cfg.max_train_length)
     assert (got.model_config.model_type, got.model_config.hidden_dim, got.model_config.num_layers) == ("llama", 32, 2)
     assert got.model_config.seq_len == 128  # the checkpoint's max_position_embeddings; rows are shorter
     assert got.seq_len == 48
     assert got.initialize_from_hf == str(tiny_llama)
-    kept = recipe(cfg, use_hf_model_config=False)
+    assert got.config.model == got.model_config  # the run records the model it trains
+    kept = LmTask(cfg, use_hf_model_config=False)
     assert kept.model_config == cfg.model
 
 
@@ -71,7 +75,7 @@ def test_pretrained_weights_take_the_place_of_the_initial_ones(tiny_llama: Path)
     import ponente.namedtensor as hax
     from ponente.models.hf import load_pretrained
     from ponente.trainer import run
-    from ponente.trainer.lm import lm_loss_fn
+    from ponente.trainer.tasks.lm import lm_loss_fn
     from ponente.trainer.trainer import Trainer, TrainerConfig
 
     model_config = run.hf_model_config(str(tiny_llama))
@@ -79,7 +83,7 @@ def test_pretrained_weights_take_the_place_of_the_initial_ones(tiny_llama: Path)
     trainer = Trainer(TrainerConfig(train_batch_size=2, compilation_cache_dir=None), optax.sgd(0.1), lm_loss_fn())
     state = trainer.initial_state(lambda key: model_config.build(hax.Axis("vocab", vocab_size), key=key))
     weights = load_pretrained(tiny_llama)
-    loaded = run.replace_model(state, weights, what="initialize_from_hf")
+    loaded = _pretrained.replace_model(state, weights, what="initialize_from_hf")
     leaves = jax.tree_util.tree_leaves
     for got, want, before in zip(leaves(loaded.model), leaves(weights), leaves(state.model), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -87,7 +91,7 @@ def test_pretrained_weights_take_the_place_of_the_initial_ones(tiny_llama: Path)
     assert int(loaded.step) == 0
     smaller = trainer.initial_state(lambda key: model_config.build(hax.Axis("vocab", vocab_size - 8), key=key))
     with pytest.raises(ValueError, match=r"initialize_from_hf: .* has shape .* in the checkpoint"):
-        run.replace_model(smaller, weights, what="initialize_from_hf")
+        _pretrained.replace_model(smaller, weights, what="initialize_from_hf")
 
 
 def _response_starts(tokens: list[int], tokenizer: object) -> int:
@@ -107,10 +111,10 @@ def test_prompt_tokens_do_not_contribute_to_the_loss(tmp_path: Path, tiny_llama:
     """
     from ponente.models import AttentionMask
     from ponente.models.hf import load_pretrained
-    from ponente.trainer.lm import lm_batch, lm_loss_fn
+    from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 
     cfg = load_config(SftConfig, overrides=supervised_overrides(tmp_path, tiny_llama, 1))
-    dataset = cfg.data.train_set(128, seed=0, batch_size=8)
+    dataset = train_set(cfg.data, 128, seed=0, batch_size=8)
     rows = [dataset[i] for i in range(4)]
     batch = lm_batch({k: np.stack([r[k] for r in rows]) for k in rows[0]})
     model = load_pretrained(tiny_llama)

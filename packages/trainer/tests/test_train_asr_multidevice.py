@@ -19,7 +19,7 @@ from test_train_asr import safetensors_of, tiny_config
 from ponente.trainer.data import batch_for_step
 from ponente.trainer.data.synthetic_speech import write_synthetic_speech
 from ponente.trainer.main import train_asr
-from ponente.trainer.run import whisper_batch, whisper_loss
+from ponente.trainer.tasks.asr import whisper_batch, whisper_loss
 from ponente.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.multidevice

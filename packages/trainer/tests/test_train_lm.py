@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 import ponente.namedtensor as hax
 import ponente.trainer
 from ponente.trainer.config import ConfigError, config_to_yaml, load_config
-from ponente.trainer.lm import lm_batch
+from ponente.trainer.data import validation_sets
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig, config_differences
+from ponente.trainer.tasks.lm import lm_batch
 from ponente.trainer.versions import PONENTE_PACKAGES
 
 TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
@@ -170,7 +171,7 @@ def test_train_lm_end_to_end_export_and_eval(tmp_path, tiny_lm_overrides):
     # eval_lm: loss and bits/byte against a float64 NumPy computation over the same rows
     results = eval_lm(EvalLmConfig(data=cfg.data, model=cfg.model, checkpoint_path=result.checkpoint, batch_size=4))
     ((name, r),) = results.items()
-    ds = cfg.data.validation_sets(32)[name]
+    ds = validation_sets(cfg.data, 32)[name]
     rows = [ds[i] for i in range(4 * (len(ds) // 4))]
     ids = np.stack([row["input_ids"] for row in rows])
     seg = np.stack([row["segment_ids"] for row in rows])
@@ -324,7 +325,7 @@ def test_every_architecture_is_selectable_by_type(model_type):
 
 
 def test_process_age_counts_from_the_process_start():
-    code = "import time; time.sleep(0.5); from ponente.trainer.main import train_lm; print(train_lm._process_age())"
+    code = "import time; time.sleep(0.5); from ponente.trainer.run._startup import process_age; print(process_age())"
     begun = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     elapsed = time.perf_counter() - begun

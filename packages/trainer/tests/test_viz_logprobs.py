@@ -286,3 +286,47 @@ def test_sharded_run_pages_equal_one_device(tmp_path: Path, tiny_lm_overrides: A
 
     assert jax.device_count() == 8
     _pages_during_training_equal_the_command_line(tmp_path, [*tiny_lm_overrides(4), "trainer.model_axis_size=2"])
+
+
+def test_a_validation_set_shorter_than_one_window_is_drawn(llama_dir: Path, tmp_path: Path) -> None:
+    """Its tokens (fewer than seq_len) are the partial last window, which the window dataset never returns."""
+    from tokenizers import Tokenizer
+
+    from ponente.trainer.main.viz_logprobs import main
+
+    texts = TEXTS[:2]
+    validation = tmp_path / "validation.jsonl"
+    validation.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    data = tmp_path / "data.yaml"
+    data.write_text(
+        f"data:\n  validation_urls: [{validation}]\n  tokenizer: {llama_dir}\n  cache_dir: {tmp_path / 'cache'}\n"
+        "  workers: 0\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "page.html"
+    args = [f"--hf_checkpoint={llama_dir}", "--config_path", str(data), f"--output={out}", "--max_length=512"]
+    assert main(args) == 0
+    parsed = _parse(out.read_text(encoding="utf-8"))
+    assert len(parsed.documents) == 1  # one row: the two documents, each its own segment
+    spans = parsed.documents[0]
+    tokenizer = Tokenizer.from_file(str(llama_dir / "tokenizer.json"))
+    ids = [int(s["attrs"]["data-id"]) for s in spans]
+    assert len(ids) < 512
+    starts = [i for i, s in enumerate(spans) if "start" in s["classes"]]
+    assert len(starts) == len(texts)
+    for text, begin, end in zip(texts, starts, [*starts[1:], len(ids)], strict=True):
+        assert text in tokenizer.decode(ids[begin:end], skip_special_tokens=True)
+
+
+def test_a_validation_set_without_tokens_says_so() -> None:
+    from ponente.datacache import InMemoryTokenStore, TokenSeqDataset
+    from ponente.trainer.viz_logprobs import validation_rows
+
+    empty = TokenSeqDataset(InMemoryTokenStore.from_documents([[], []]), seq_len=8)
+    with pytest.raises(ValueError, match="validation set\\(s\\) notes hold no tokens"):
+        validation_rows({"notes": empty}, 4)
+    short = TokenSeqDataset(InMemoryTokenStore.from_documents([[1, 2, 3], [], [4, 5], [6]]), seq_len=4)
+    rows, names = validation_rows({"notes": short}, 4)  # one full window, then the 2 tokens after it
+    assert [r["input_ids"].tolist() for r in rows] == [[1, 2, 3, 4], [5, 6]]
+    assert [r["segment_ids"].tolist() for r in rows] == [[0, 0, 0, 1], [0, 1]]
+    assert names == ["notes row 0", "notes row 1 (the last 2 tokens, less than a window)"]

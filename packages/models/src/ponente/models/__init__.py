@@ -1,100 +1,98 @@
-"""A zoo of foundation models written with ``ponente.namedtensor``, with Hugging Face import/export."""
+"""A zoo of foundation models written with ``ponente.namedtensor``, with Hugging Face import/export.
 
-from .attention import Attention, AttentionMask, dot_product_attention
-from .config import LmConfig, config_for_type, lm_flops_per_token, register_config, registered_types
+What users import, by concept: the model interface (:mod:`~ponente.models.lm`) and its configs
+(:mod:`~ponente.models.config`), the losses (:mod:`~ponente.models.loss`), attention and the KV cache
+(:mod:`~ponente.models.attention`), shared blocks (rotary, mixture of experts), the families, LoRA and the
+checkpoint names of the blocks. ``ponente.models.hf`` reads and writes Hugging Face checkpoints.
+
+``attention.attention`` is not re-exported here: the function would shadow the subpackage
+(``ponente.models.attention`` would stop being a package); import it, and ``attention.flash.flash_attention``, from
+the subpackage.
+"""
+
+from .attention import ATTENTION_BACKENDS, Attention, AttentionMask, KvCache, dot_product_attention
+from .config import (
+    LmConfig,
+    config_for_type,
+    lm_flops_per_token,
+    mask_padded_vocab,
+    padded_vocab_size,
+    register_config,
+    registered_types,
+)
+from .decoder import QkNormAttention
+from .gemma import GemmaConfig, GemmaLayout, GemmaLMHeadModel, GemmaRmsNorm
+from .gemma2 import Gemma2Config
+from .gemma3 import Gemma3Config
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .llama import LlamaConfig, LlamaLMHeadModel
-from .lm import LmExample, LmHeadModel, compute_next_token_loss
+from .lm import LmExample, LmHeadModel
+from .lora import LoraConfig, LoraLinear
+from .loss import (
+    blockwise_cross_entropy_loss,
+    compute_next_token_loss,
+    compute_next_token_loss_and_aux,
+    fused_cross_entropy_loss,
+)
+from .mistral import MistralConfig, MistralLMHeadModel
+from .mixtral import MixtralConfig, MixtralLMHeadModel
+from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k
+from .olmo2 import Olmo2Config, Olmo2LMHeadModel
+from .qwen import QwenConfig, QwenLMHeadModel
+from .qwen3 import Qwen3Config, Qwen3LMHeadModel
+from .remat import CHECKPOINT_NAMES
 from .rotary import RotaryConfig, apply_rotary
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ATTENTION_BACKENDS",
+    "CHECKPOINT_NAMES",
+    "MOE_DISPATCHES",
     "Attention",
     "AttentionMask",
+    "Gemma2Config",
+    "Gemma3Config",
+    "GemmaConfig",
+    "GemmaLMHeadModel",
+    "GemmaLayout",
+    "GemmaRmsNorm",
     "Gpt2Config",
     "Gpt2LMHeadModel",
+    "KvCache",
     "LlamaConfig",
     "LlamaLMHeadModel",
     "LmConfig",
     "LmExample",
     "LmHeadModel",
-    "RotaryConfig",
-    "apply_rotary",
-    "compute_next_token_loss",
-    "config_for_type",
-    "dot_product_attention",
-    "lm_flops_per_token",
-    "register_config",
-    "registered_types",
-]
-
-# --- M1 exports ---
-# ``attention.attention`` and ``flash_attention.flash_attention`` are not re-exported here: the functions would
-# shadow their own modules (``ponente.models.attention`` would stop being a module); import them from the modules.
-from .attention import ATTENTION_BACKENDS
-from .lm import blockwise_cross_entropy_loss, fused_cross_entropy_loss
-
-__all__ += ["ATTENTION_BACKENDS", "blockwise_cross_entropy_loss", "fused_cross_entropy_loss"]
-# --- end M1 exports ---
-
-# --- M2 exports ---
-from .config import mask_padded_vocab, padded_vocab_size  # noqa: E402
-from .decoder import QkNormAttention  # noqa: E402
-
-__all__ += ["QkNormAttention", "mask_padded_vocab", "padded_vocab_size"]
-# --- end M2 exports ---
-
-# --- Z1 exports ---
-from .mistral import MistralConfig, MistralLMHeadModel  # noqa: E402
-from .qwen import QwenConfig, QwenLMHeadModel  # noqa: E402
-from .qwen3 import Qwen3Config, Qwen3LMHeadModel  # noqa: E402
-
-__all__ += ["MistralConfig", "MistralLMHeadModel", "Qwen3Config", "Qwen3LMHeadModel", "QwenConfig", "QwenLMHeadModel"]
-# --- end Z1 exports ---
-
-# --- Z2 exports ---
-from .gemma import GemmaConfig, GemmaLayout, GemmaLMHeadModel, GemmaRmsNorm  # noqa: E402
-from .gemma2 import Gemma2Config  # noqa: E402
-from .gemma3 import Gemma3Config  # noqa: E402
-
-__all__ += ["Gemma2Config", "Gemma3Config", "GemmaConfig", "GemmaLMHeadModel", "GemmaLayout", "GemmaRmsNorm"]
-# --- end Z2 exports ---
-
-# --- Z3 exports ---
-from .lm import compute_next_token_loss_and_aux  # noqa: E402
-from .mixtral import MixtralConfig, MixtralLMHeadModel  # noqa: E402
-from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k  # noqa: E402
-from .olmo2 import Olmo2Config, Olmo2LMHeadModel  # noqa: E402
-
-__all__ += [
-    "MOE_DISPATCHES",
+    "LoraConfig",
+    "LoraLinear",
+    "MistralConfig",
+    "MistralLMHeadModel",
     "MixtralConfig",
     "MixtralLMHeadModel",
     "MoeMlp",
     "Olmo2Config",
     "Olmo2LMHeadModel",
+    "QkNormAttention",
+    "Qwen3Config",
+    "Qwen3LMHeadModel",
+    "QwenConfig",
+    "QwenLMHeadModel",
+    "RotaryConfig",
     "RouterOutput",
+    "apply_rotary",
+    "blockwise_cross_entropy_loss",
+    "compute_next_token_loss",
     "compute_next_token_loss_and_aux",
+    "config_for_type",
+    "dot_product_attention",
+    "fused_cross_entropy_loss",
+    "lm_flops_per_token",
     "load_balancing_loss",
+    "mask_padded_vocab",
+    "padded_vocab_size",
+    "register_config",
+    "registered_types",
     "route_top_k",
 ]
-# --- end Z3 exports ---
-
-# --- H2 (LoRA) exports ---
-from .lora import LoraConfig, LoraLinear  # noqa: E402
-
-__all__ += ["LoraConfig", "LoraLinear"]
-# --- end H2 exports ---
-
-# --- G1a (KV cache) exports ---
-from .kv_cache import KvCache  # noqa: E402
-
-__all__ += ["KvCache"]
-# --- end G1a exports ---
-
-# --- P1 exports ---
-from .remat import CHECKPOINT_NAMES  # noqa: E402
-
-__all__ += ["CHECKPOINT_NAMES"]
-# --- end P1 exports ---

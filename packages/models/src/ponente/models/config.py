@@ -242,7 +242,7 @@ class LmConfig(abc.ABC):
             backend that supports the call on the device it runs on), ``"reference"`` (materialized scores),
             ``"flash"`` (blockwise, never materializing the full score matrix), ``"xla"``/``"cudnn"``
             (``jax.nn.dot_product_attention``) or ``"pallas"`` (JAX's GPU/TPU kernels); see
-            :mod:`ponente.models.attention_backends`.
+            :mod:`ponente.models.attention.backends`.
         flash_attention_block_size: the query/key block size of the ``"flash"`` backend.
         vocab_padding_multiple: ``build(Vocab)`` pads the vocabulary axis to a multiple of this (1: no padding);
             logits of padded entries are the dtype's most negative value, so they never win and add nothing

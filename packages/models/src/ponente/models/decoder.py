@@ -35,8 +35,8 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from ._layer_types import select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention, decode_attention
+from .attention.kv_cache import KvCache, take_positions
 from .config import _real_vocab_rows, mask_padded_vocab
-from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 from .moe import MoeMlp, RouterOutput, load_balancing_loss
 from .remat import tag

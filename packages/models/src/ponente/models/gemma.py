@@ -19,9 +19,9 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from ._layer_types import FULL, SLIDING, layer_kinds, select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention, decode_attention
-from .attention_backends import check_soft_cap_backend
+from .attention.backends import check_soft_cap_backend
+from .attention.kv_cache import KvCache, take_positions
 from .config import LmConfig, _require, mask_padded_vocab, register_config
-from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
@@ -287,7 +287,7 @@ class GemmaAttention(ModuleWithStateDictSerialization):
         sliding_window: the window of sliding layers (None: sliding layers see all earlier keys).
         scaling: multiplies the attention logits.
         soft_cap: caps the attention logits with ``cap * tanh(logits / cap)`` (None: no cap; only the backends that
-            support it, see :mod:`ponente.models.attention_backends`; ``"auto"`` picks one).
+            support it, see :mod:`ponente.models.attention.backends`; ``"auto"`` picks one).
     """
 
     attn: Attention

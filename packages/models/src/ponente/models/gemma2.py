@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ._layer_types import FULL, SLIDING, check_layer_types
-from .attention_backends import check_soft_cap_backend
+from .attention.backends import check_soft_cap_backend
 from .config import _require, register_config
 from .gemma import GemmaConfig, GemmaLayout
 from .rotary import RotaryConfig

@@ -16,8 +16,8 @@ from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, Stacked
 from ponente.namedtensor.nn import attention as hattn
 
 from .attention import KEY_POSITION, AttentionMask, attention, decode_attention
+from .attention.kv_cache import KvCache, take_positions
 from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
-from .kv_cache import KvCache, take_positions
 from .lm import LmHeadModel
 from .remat import tag
 

@@ -1,9 +1,10 @@
 """Whisper: a log-mel spectrogram encoder and a text decoder with cross-attention (HF Whisper for ASR).
 
 The encoder runs two 1-D convolutions over the ``frame`` axis of the features (the second with stride 2, so 3000
-frames become 1500 ``source`` positions), adds fixed sinusoidal positions and applies pre-LayerNorm transformer
-blocks. The decoder embeds tokens, adds learned positions, and each block attends causally over the tokens, then
-over the encoder's output, then applies a GELU MLP. The output projection is the token embedding (tied).
+frames become 1500 ``source`` positions), adds fixed sinusoidal positions (a frozen table: Whisper's sinusoids for a
+new model, the checkpoint's own table for a loaded one) and applies pre-LayerNorm transformer blocks. The decoder
+embeds tokens, adds learned positions, and each block attends causally over the tokens, then over the encoder's
+output, then applies a GELU MLP. The output projection is the token embedding (tied).
 
 Axes: ``mel`` (feature bins), ``frame`` (input frames), ``source`` (encoder positions), ``position`` (decoder
 positions), ``embed``, ``heads``, ``head_size``, ``mlp``, ``vocab``, ``layers``; decoding caches the decoder's
@@ -433,12 +434,24 @@ def _write(cache: NamedArray, new: NamedArray, start: jax.Array) -> NamedArray:
 
 
 class WhisperEncoder(eqx.Module):
-    """The audio encoder (HF ``model.encoder``); its sinusoidal positions are computed, not stored."""
+    """The audio encoder (HF ``model.encoder``).
+
+    ``embed_positions`` is the frozen table of fixed positions (HF ``model.encoder.embed_positions``, which
+    transformers does not train either): :func:`sinusoids` for a new model, the stored table for a loaded one, so a
+    checkpoint round-trips bit for bit (transformers computes the sinusoids in float32, which differ from
+    :func:`sinusoids` by a few 1e-6). No gradient reaches it, and as an ``Embedding`` it is not weight-decayed.
+    """
 
     conv1: Conv
     conv2: Conv
     layers: Stacked[WhisperEncoderLayer]
     layer_norm: LayerNorm
+    embed_positions: Embedding
+
+    def positions(self, n: int, dtype: Any) -> NamedArray:
+        """The first ``n`` rows of the position table ``(source, embed)`` in ``dtype``, outside of any gradient."""
+        table = jax.lax.stop_gradient(self.embed_positions.weight.array[:n])
+        return hax.named(table.astype(dtype), ("source", "embed"))
 
 
 class WhisperDecoder(eqx.Module):
@@ -500,6 +513,7 @@ class WhisperModel(eqx.Module):
                 config, key=jax.random.split(k_enc, config.encoder_layers)
             ),
             layer_norm=LayerNorm.init(Embed, eps=config.layer_norm_eps),
+            embed_positions=_position_table(config, sinusoids(config.max_source_positions, config.d_model)),
         )
         decoder = WhisperDecoder(
             embed_tokens=Embedding.init(config.Vocab, Embed, key=k_emb, initializer_range=std),
@@ -535,8 +549,7 @@ class WhisperModel(eqx.Module):
                 f"Whisper: {2 * n} frames give {n} encoder positions, more than max_source_positions "
                 f"({cfg.max_source_positions})"
             )
-        positions = hax.named(jnp.asarray(sinusoids(n, cfg.d_model), x.dtype), ("source", "embed"))
-        x = enc.layers.fold(x + positions, unroll=cfg.layer_unroll)
+        x = enc.layers.fold(x + enc.positions(n, x.dtype), unroll=cfg.layer_unroll)
         return enc.layer_norm(x)
 
     def _embed(self, tokens: NamedArray, start: jax.Array | int = 0) -> NamedArray:
@@ -606,35 +619,32 @@ class WhisperModel(eqx.Module):
     # -- Hugging Face parameters ---------------------------------------------------------------------------------
 
     def to_hf_state_dict(self) -> dict[str, np.ndarray]:
-        """The parameters under Hugging Face's names (with the encoder's sinusoids and the tied ``proj_out``)."""
+        """The parameters under Hugging Face's names (with the encoder's position table and the tied ``proj_out``)."""
         state = {k: np.asarray(v) for k, v in to_torch_compatible_state_dict(self).items()}
-        cfg = self.config
-        state["model.encoder.embed_positions.weight"] = sinusoids(cfg.max_source_positions, cfg.d_model)
         state["proj_out.weight"] = state["model.decoder.embed_tokens.weight"]
         return state
 
     def from_hf_state_dict(self, state_dict: Mapping[str, Any]) -> WhisperModel:
         """A copy of this (template) model with parameters from a Hugging Face state dict.
 
+        The encoder's position table is the checkpoint's as stored (bit for bit); a checkpoint without one gets
+        Whisper's :func:`sinusoids`.
+
         Raises:
             KeyError: if a parameter is missing (named).
-            ValueError: if a parameter has the wrong shape (named), or the checkpoint's encoder positions are not
-                Whisper's sinusoids (they are computed here, not loaded).
+            ValueError: if a parameter has the wrong shape (named).
         """
         cfg = self.config
-        stored = state_dict.get("model.encoder.embed_positions.weight")
-        if stored is not None:
-            expected = sinusoids(cfg.max_source_positions, cfg.d_model)
-            stored = np.asarray(stored, dtype=np.float32)
-            if stored.shape != expected.shape or not np.allclose(stored, expected, atol=1e-4):
-                raise ValueError(
-                    "model.encoder.embed_positions.weight: not Whisper's sinusoidal positions (shape "
-                    f"{stored.shape}, expected {expected.shape}); trained encoder positions are not supported"
-                )
-        rest = {
-            k: v for k, v in state_dict.items() if k not in ("model.encoder.embed_positions.weight", "proj_out.weight")
-        }
-        return from_torch_compatible_state_dict(self, rest)
+        name = "model.encoder.embed_positions.weight"
+        state = {k: v for k, v in state_dict.items() if k != "proj_out.weight"}
+        if name not in state:
+            state[name] = sinusoids(cfg.max_source_positions, cfg.d_model)
+        return from_torch_compatible_state_dict(self, state)
+
+
+def _position_table(config: WhisperConfig, table: np.ndarray) -> Embedding:
+    """The encoder's frozen position table ``(source, embed)``."""
+    return Embedding(hax.named(jnp.asarray(table), (config.Source, config.Embed)), config.Source, config.Embed)
 
 
 def greedy_transcribe(

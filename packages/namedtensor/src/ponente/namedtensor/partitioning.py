@@ -32,6 +32,7 @@ from .axis import Axis, AxisSelector
 from .core import NamedArray
 
 __all__ = [
+    "CompiledCall",
     "PhysicalAxisSpec",
     "ResourceAxis",
     "ResourceMapping",
@@ -777,6 +778,32 @@ class _Compiled:
     jitted: Any
     donated_at: tuple[int, ...]
     kept_at: tuple[int, ...]
+    rebuild: Callable[[Any, Any], Any]
+
+
+class CompiledCall:
+    """A :func:`named_jit` function compiled ahead of time for one structure of arguments (``fn.compile(...)``).
+
+    Calling it with arguments of that structure, static values, shapes and dtypes runs that executable, without
+    tracing or compiling again; other arguments go to the :func:`named_jit` function (which traces and compiles
+    for them, with the same result as if nothing had been compiled ahead).
+
+    Attributes:
+        compiled: the ``jax.stages.Compiled`` executable (``memory_analysis()``, ``cost_analysis()``, ...).
+    """
+
+    def __init__(self, named: _NamedJit, entry: _Compiled, compiled: Any, signature: Any) -> None:
+        self._named = named
+        self._entry = entry
+        self.compiled = compiled
+        self._signature = signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        entry, donated, kept = self._named._prepare(args, kwargs)
+        signature = _signature(donated, kept)  # before the call: donation invalidates the buffers
+        if entry is not self._entry or signature != self._signature:
+            return entry.run(donated, kept)
+        return entry.rebuild(signature, self.compiled(donated, kept))
 
 
 class _NamedJit:
@@ -874,16 +901,18 @@ class _NamedJit:
             body.__name__ = body.__qualname__ = name
         jitted = jax.jit(body, donate_argnums=(0,), **self.jit_args)
 
-        def run(donated: list[Any], kept: list[Any]) -> Any:
-            signature = _signature(donated, kept)  # before the call: donation invalidates the buffers
-            values = jitted(donated, kept)
+        def rebuild(signature: Any, values: Any) -> Any:
             out_treedef, template, out_arrays = outputs[signature]
             leaves = list(template)
             for i, x in zip(out_arrays, values, strict=True):
                 leaves[i] = x
             return jax.tree_util.tree_unflatten(out_treedef, leaves)
 
-        compiled = _Compiled(run, jitted, donated_at, kept_at)
+        def run(donated: list[Any], kept: list[Any]) -> Any:
+            signature = _signature(donated, kept)  # before the call: donation invalidates the buffers
+            return rebuild(signature, jitted(donated, kept))
+
+        compiled = _Compiled(run, jitted, donated_at, kept_at, rebuild)
         self._cache[key] = compiled
         return compiled
 
@@ -915,6 +944,29 @@ class _NamedJit:
         """
         compiled, donated, kept = self._prepare(args, kwargs)
         return compiled.jitted.lower(donated, kept)
+
+    def compile(self, *args: Any, **kwargs: Any) -> CompiledCall:
+        """Compile for these arguments without running; calling the result runs that executable, and only it.
+
+        Only the structure, static values, shapes, dtypes and shardings of the arguments are read, and nothing is
+        donated, so placeholders of zeros will do.
+
+        Args:
+            *args: the positional arguments, as for a call.
+            **kwargs: the keyword arguments.
+
+        Returns:
+            The :class:`CompiledCall`.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> f = named_jit(lambda x: x * 2)
+            >>> twice = f.compile(jnp.zeros(3))
+            >>> twice(jnp.ones(3)).tolist()
+            [2.0, 2.0, 2.0]
+        """
+        entry, donated, kept = self._prepare(args, kwargs)
+        return CompiledCall(self, entry, entry.jitted.lower(donated, kept).compile(), _signature(donated, kept))
 
 
 def _unfreeze(key: Any) -> tuple[ResourceMapping | None, ...]:

@@ -32,7 +32,15 @@ from jax.sharding import PartitionSpec
 import ponente.namedtensor as hax
 from ponente.models import LmExample, LmHeadModel
 
-__all__ = ["LOGPROB_FLOOR", "DocumentLogprobs", "document_logprobs", "render_page", "token_texts", "write_page"]
+__all__ = [
+    "LOGPROB_FLOOR",
+    "DocumentLogprobs",
+    "document_logprobs",
+    "render_page",
+    "token_texts",
+    "validation_rows",
+    "write_page",
+]
 
 LOGPROB_FLOOR = -10.0
 """The log-probability (nats) drawn in full red; 0 is full green, values in between are interpolated."""
@@ -137,6 +145,52 @@ def document_logprobs(
                 )
             )
     return documents
+
+
+def validation_rows(datasets: Mapping[str, Any], count: int) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+    """The first ``count`` rows of each validation set, and their names, to draw.
+
+    A set of text windows (``TokenSeqDataset``) never returns its last, partial window: when it has fewer than
+    ``count`` full windows, the tokens after the last full one are drawn too, as a shorter row (so a validation
+    set shorter than one window still shows its documents).
+
+    Args:
+        datasets: the validation sets by name (rows with ``input_ids``, ``segment_ids``, ...).
+        count: the rows wanted per set.
+
+    Returns:
+        ``(rows, names)``, in order.
+
+    Raises:
+        ValueError: if the sets hold no token at all (naming them).
+    """
+    from ponente.datacache import TokenSeqDataset
+
+    rows: list[dict[str, np.ndarray]] = []
+    names: list[str] = []
+    for name, dataset in datasets.items():
+        dataset.wait_for_length(count)
+        full = min(count, len(dataset))
+        rows.extend(dataset[i] for i in range(full))
+        names.extend(f"{name} row {i}" for i in range(full))
+        if full < count and isinstance(dataset, TokenSeqDataset) and (tail := _partial_window(dataset)) is not None:
+            rows.append(tail)
+            names.append(f"{name} row {full} (the last {tail['input_ids'].size} tokens, less than a window)")
+    if not rows:
+        raise ValueError(f"nothing to draw: the validation set(s) {', '.join(datasets)} hold no tokens")
+    return rows, names
+
+
+def _partial_window(dataset: Any) -> dict[str, np.ndarray] | None:
+    """The tokens of a ``TokenSeqDataset`` after its last full window, with their segment ids (None: no token)."""
+    store, start = dataset.cache, len(dataset) * dataset.seq_len
+    stop = store.num_tokens()
+    if stop <= start:
+        return None
+    offsets = np.asarray(store.row_offsets(0, len(store)), np.int64)
+    documents = np.searchsorted(offsets, np.arange(start, stop), side="right")  # one id per document
+    segments = np.unique(documents, return_inverse=True)[1].astype(np.int32)
+    return {"input_ids": np.asarray(store.read_flat(start, stop)), "segment_ids": segments}
 
 
 def _row_fields(row: Mapping[str, np.ndarray], index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -13,12 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..whisper import WhisperConfig, WhisperModel
-from ._checkpoint import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, _read_json, _read_weights, _shards
+from ._files import CONFIG_NAME, _read_json, _read_weights, write_checkpoint
 from ._hub import resolve_checkpoint
 
 __all__ = ["load_whisper_pretrained", "save_whisper_pretrained"]
-
-logger = logging.getLogger(__name__)
 
 
 def load_whisper_pretrained(
@@ -67,31 +62,20 @@ def save_whisper_pretrained(
 ) -> None:
     """Write ``model`` as a folder ``transformers.WhisperForConditionalGeneration.from_pretrained`` loads.
 
+    Every tensor is written as the model holds it, the encoder's position table included, so a checkpoint read
+    by :func:`load_whisper_pretrained` and written again is the same bit for bit.
+
     Args:
         model: the model.
         path: the output folder (created if needed).
         max_shard_size: the largest safetensors file in bytes.
     """
-    from safetensors.numpy import save_file
+    state, hf_config = whisper_state_and_config(model)
+    write_checkpoint(path, state, hf_config, max_shard_size=max_shard_size, key="save_whisper_pretrained")
 
-    if max_shard_size <= 0:
-        raise ValueError(f"save_whisper_pretrained: max_shard_size must be positive, got {max_shard_size}")
-    directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: np.ascontiguousarray(v) for k, v in model.to_hf_state_dict().items()}
+
+def whisper_state_and_config(model: WhisperModel) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The tensors (under Hugging Face's names) and the ``config.json`` of a Whisper checkpoint of ``model``."""
+    state = model.to_hf_state_dict()
     state.pop("proj_out.weight")  # tied to model.decoder.embed_tokens.weight; transformers re-ties it
-    hf_config = model.config.to_hf_config()
-    hf_config["dtype"] = str(state["model.decoder.embed_tokens.weight"].dtype)
-    (directory / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True), encoding="utf-8")
-    shards = _shards(state, max_shard_size)
-    if len(shards) == 1:
-        save_file(shards[0], os.fspath(directory / WEIGHTS_NAME), metadata={"format": "pt"})
-    else:
-        weight_map: dict[str, str] = {}
-        for i, shard in enumerate(shards):
-            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.fspath(directory / name), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-        index = {"metadata": {"total_size": int(sum(v.nbytes for v in state.values()))}, "weight_map": weight_map}
-        (directory / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True), encoding="utf-8")
-    logger.info("save_whisper_pretrained: wrote %d tensors to %s", len(state), directory)
+    return state, model.config.to_hf_config()

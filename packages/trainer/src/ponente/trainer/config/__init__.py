@@ -12,6 +12,8 @@ Format (compatible with Levanter's keys for the same concepts):
 - Polymorphic fields are typed by a family base (:class:`Registrable`, or ``ponente.models.LmConfig``);
   ``type:`` picks the class (``model.type: llama``, ``trainer.tracker.type: wandb``). Changing ``type``
   starts from the new class's defaults. Other registries plug in with :func:`register_family`.
+- Moved keys: a class with a static ``upgrade_config_keys(items, path, read, base)`` rewrites older spellings
+  before its keys are read (``data.messages_field`` -> ``data.format.messages_field``).
 - Values: bool, int, float (``1e-3``), str, None, ``Literal``, ``Enum``, ``list``, ``tuple``, ``dict``,
   ``pathlib.Path``, ``datetime.timedelta`` (``"10m"``, ``"1h30m"``, ``"45s"``, ``"2d"``, or seconds), unions,
   and ``Any`` (kept as written, e.g. ``trainer.mp: p=f32,c=bfloat16``).

@@ -343,6 +343,7 @@ def _decode_union(tp: Any, args: tuple[Any, ...], value: Any, path: str, base: A
 def _decode_union_mapping(tp: Any, members: list[Any], value: Mapping[Any, Any], path: str, base: Any) -> Any:
     configs = [m for m in members if _kind(m) == "config"]
     fitting: list[tuple[Any, type[Any]]] = []
+    upgrade_error: ConfigError | None = None
     for member in configs:
         try:
             cls, _ = resolve_class(member, value, path, base)
@@ -351,7 +352,12 @@ def _decode_union_mapping(tp: Any, members: list[Any], value: Mapping[Any, Any],
         keys = {f.name for f in dataclasses.fields(cls) if f.init}
         if family_of(cls) is not None:
             keys.add("type")
-        if set(value) <= keys:
+        try:
+            upgraded = upgrade_keys(cls, value, path, base)
+        except ConfigError as e:  # the keys are this class's, but conflict: reported unless another class fits
+            upgrade_error = upgrade_error or e
+            continue
+        if set(upgraded) <= keys:
             fitting.append((member, cls))
     if len(fitting) > 1 and base is not _MISSING and base is not None:
         fitting = [(m, cls) for m, cls in fitting if type(base) is cls] or fitting
@@ -361,6 +367,8 @@ def _decode_union_mapping(tp: Any, members: list[Any], value: Mapping[Any, Any],
     if len(fitting) > 1:
         names = " and ".join(cls.__name__ for _, cls in fitting)
         raise ConfigError(f"{path}: ambiguous: keys [{given}] fit {names}; add a distinguishing key or a type")
+    if upgrade_error is not None:
+        raise upgrade_error
     others = [m for m in members if _kind(m) in ("dict", "raw")] or configs
     if len(others) == 1:
         return decode(others[0], value, path, base)
@@ -436,6 +444,21 @@ def _decode_config(tp: type[Any], value: Any, path: str, base: Any) -> Any:
     return build(cls, items, path, base)
 
 
+def upgrade_keys(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISSING) -> Mapping[Any, Any]:
+    """``items`` with older spellings rewritten by ``cls.upgrade_config_keys``, if ``cls`` has one.
+
+    A config class whose keys moved (e.g. ``data.messages_field`` into ``data.format``) defines that static
+    method ``upgrade_config_keys(items, path, read, base)``; it returns the keys in their current places, or raises
+    `ConfigError` naming a conflict. ``read(value, key)`` gives the plain data of a value (command-line text read
+    as YAML); ``base`` is the instance the keys merge over, or None.
+    """
+    upgrade = getattr(cls, "upgrade_config_keys", None)
+    if upgrade is None:
+        return items
+    merged_over = base if base is not _MISSING and isinstance(base, cls) else None
+    return upgrade(items, path, lambda value, key: _plain(value, join(path, key)), merged_over)
+
+
 def build(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISSING) -> Any:
     """Construct dataclass ``cls`` from ``items``, taking the other fields from ``base`` (or their defaults).
 
@@ -443,6 +466,7 @@ def build(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISS
         ConfigError: for an unknown key, a wrong value, a missing required field, or a ``ValueError``,
             ``TypeError`` or ``ArithmeticError`` raised by the class's ``__post_init__`` (prefixed with ``path``).
     """
+    items = upgrade_keys(cls, items, path, base)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = type_hints(cls)
     kwargs: dict[str, Any] = {}
@@ -467,12 +491,35 @@ def build(cls: type[Any], items: Mapping[Any, Any], path: str, base: Any = _MISS
         raise
     except (ValueError, TypeError, ArithmeticError) as e:  # raised by __post_init__ checks of the values
         message = str(e).replace("\n", " ")
+        if path and message.startswith((f"{path}.", f"{path}:")):  # the check already named the full key
+            raise ConfigError(message) from e
         raise ConfigError(f"{path or cls.__name__}: {message}") from e
+
+
+def _types_with_field(cls: type[Any], key: str) -> list[str]:
+    """The other ``type`` names of ``cls``'s family whose class has a field ``key``."""
+    family = family_of(cls)
+    if family is None:
+        return []
+    found = []
+    for name in family.names():
+        other = family.lookup(name)
+        if other is not cls and dataclasses.is_dataclass(other) and key in {f.name for f in dataclasses.fields(other)}:
+            found.append(name)
+    return sorted(found)
 
 
 def _unknown_key(cls: type[Any], dotted: str, key: str, fields: Mapping[str, Any]) -> ConfigError:
     if not dotted.isprintable() or any(c.isspace() for c in dotted):
         dotted = repr(dotted)  # a key with a line break or control character is shown escaped, on one line
+    elsewhere = _types_with_field(cls, key)
+    family = family_of(cls)
+    if elsewhere and family is not None:
+        own = family.name_of(cls)
+        has = f"; {cls.__name__} has: {', '.join(fields)}" if fields else f"; {cls.__name__} has no fields"
+        return ConfigError(
+            f"{dotted}: not a field of type {own!r}; it belongs to type {' or '.join(map(repr, elsewhere))}{has}"
+        )
     close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.6)
     if close:
         return ConfigError(f"{dotted}: unknown key; did you mean {' or '.join(close)}?")

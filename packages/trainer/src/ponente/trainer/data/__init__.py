@@ -1,10 +1,25 @@
-"""Data glue of the trainer: data configs, on-demand caches, packed rows, mixtures and batch loading.
+"""The data pipeline of the trainer: source → format → rows → shuffle / mixture → loader.
+
+Configs describe (`LMDatasetConfig`, `LMMixtureDatasetConfig`, the ``data.format`` configs of
+``ponente.trainer.data.formats``); `build_datasets` does the I/O (caches, tokenizer) and returns the training
+and validation rows; `DataLoader` / `batch_for_step` turn rows into batches.
 
 See ``docs/trainer/docs/data.md`` for the config keys, the cache layout and the semantics of shuffling a
 cache that is still being built.
 """
 
 from ponente.trainer.data.asr import AsrDatasetConfig
+from ponente.trainer.data.build import (
+    LmDatasets,
+    build_all_caches,
+    build_caches,
+    build_datasets,
+    data_processor,
+    data_tokenizer,
+    data_vocab_size,
+    train_set,
+    validation_sets,
+)
 from ponente.trainer.data.cache_build import (
     DEFAULT_FOLLOW_TIMEOUT,
     PACKAGE_SCHEME,
@@ -12,6 +27,12 @@ from ponente.trainer.data.cache_build import (
     FollowMode,
     follow_cache_builds,
     resolve_url,
+)
+from ponente.trainer.data.formats import (
+    ChatLmDatasetFormat,
+    LmDatasetFormat,
+    SupervisedLmDatasetFormat,
+    TextLmDatasetFormat,
 )
 from ponente.trainer.data.lm_dataset import LMDatasetConfig, LMMixtureDatasetConfig, Row
 from ponente.trainer.data.loader import DataLoader, batch_for_step
@@ -21,12 +42,25 @@ __all__ = [
     "PACKAGE_SCHEME",
     "AsrDatasetConfig",
     "CacheBuildError",
+    "ChatLmDatasetFormat",
     "DataLoader",
     "FollowMode",
     "LMDatasetConfig",
     "LMMixtureDatasetConfig",
+    "LmDatasetFormat",
+    "LmDatasets",
     "Row",
+    "SupervisedLmDatasetFormat",
+    "TextLmDatasetFormat",
     "batch_for_step",
+    "build_all_caches",
+    "build_caches",
+    "build_datasets",
+    "data_processor",
+    "data_tokenizer",
+    "data_vocab_size",
     "follow_cache_builds",
     "resolve_url",
+    "train_set",
+    "validation_sets",
 ]

@@ -16,14 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ponente.datacache import AsrExampleDataset, AudioTranscriptProcessor, CacheDataset, Dataset
 from ponente.datacache.asr import TASKS, chunk_frames, whisper_prefix_tokens
+from ponente.trainer.data.build import derive_seed, shuffled
 from ponente.trainer.data.cache_build import open_or_build, resolve_url
-from ponente.trainer.data.lm_dataset import (
-    SPLITS,
-    SplitSources,
-    _load_tokenizer,
-    _shuffled,
-    derive_seed,
-)
+from ponente.trainer.data.source import SPLITS, SplitSources
+from ponente.trainer.data.tokens import load_data_tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -136,7 +132,7 @@ class AsrDatasetConfig(SplitSources):
                 "data.tokenizer is not set: name a Whisper tokenizer (a tokenizer.json, its folder, or a hub id such "
                 "as openai/whisper-tiny)"
             )
-        return _load_tokenizer(self.tokenizer)
+        return load_data_tokenizer(self.tokenizer)
 
     @property
     def the_vocab_size(self) -> int:
@@ -208,7 +204,7 @@ class AsrDatasetConfig(SplitSources):
         Raises:
             ValueError: If the config has no source for ``split``.
         """
-        source = self._source(split)
+        source = self.source(split)
         if source is None:
             raise ValueError(
                 f"no {split} data: set data.{split}_urls"
@@ -245,7 +241,7 @@ class AsrDatasetConfig(SplitSources):
             batch_size: Unused (the signature of the other data configs).
         """
         del batch_size
-        return _shuffled(self.rows(self.build_caches("train")), self.shuffle, derive_seed(seed, "train"))
+        return shuffled(self.rows(self.build_caches("train")), self.shuffle, derive_seed(seed, "train"))
 
     def validation_sets(self) -> dict[str, AsrExampleDataset]:
         """The validation examples (unshuffled) by name: ``{cache_name: dataset}`` or ``{}``."""

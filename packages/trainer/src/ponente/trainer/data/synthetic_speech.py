@@ -23,6 +23,10 @@ digits/tokenizer/tokenizer_config.json  so that transformers' AutoTokenizer load
 The output depends only on the arguments: the same seed gives the same bytes, and clip ``i`` of a split does
 not depend on how many clips are written.
 
+A training configuration names the set in a ``synthetic_data:`` section (a :class:`SyntheticSpeechConfig`, as the
+packaged ``whisper_tiny_digits`` does); :func:`write_missing_synthetic_speech` then writes it on the first run, so
+``ponente-train-asr --config_path whisper_tiny_digits`` runs as one command.
+
 Only NumPy and the standard library are used (``wave`` writes the WAV files).
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import wave
 from collections.abc import Sequence
@@ -43,13 +48,17 @@ __all__ = [
     "MAX_SECONDS",
     "SAMPLE_RATE",
     "WHISPER_LANGUAGES",
+    "SyntheticSpeechConfig",
     "SyntheticSpeechFiles",
     "main",
     "speak_digits",
     "whisper_special_tokens",
+    "write_missing_synthetic_speech",
     "write_synthetic_speech",
     "write_tokenizer",
 ]
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
 """Sample rate of the clips (Whisper's)."""
@@ -386,6 +395,62 @@ def write_synthetic_speech(
         paths[split].write_text("".join(lines), encoding="utf-8")
     tokenizer = write_tokenizer(out / "tokenizer")
     return SyntheticSpeechFiles(train=paths["train"], validation=paths["validation"], tokenizer=tokenizer)
+
+
+@dataclass(frozen=True)
+class SyntheticSpeechConfig:
+    """The synthetic spoken-digit set a run trains on, written where the run reads it when it is not there yet.
+
+    Attributes:
+        out_dir: the folder of the set (``train.jsonl``, ``validation.jsonl``, ``clips/``, ``tokenizer/``).
+        train: training clips.
+        validation: validation clips.
+        seed: seed of the random digits, speakers and variations.
+    """
+
+    out_dir: str = "ponente_speech/data"
+    train: int = 1000
+    validation: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("train", "validation"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"synthetic_data.{name}: must be >= 0, got {getattr(self, name)}")
+
+
+def write_missing_synthetic_speech(config: SyntheticSpeechConfig, reads: Sequence[str]) -> SyntheticSpeechFiles | None:
+    """Write the set of ``config`` into ``config.out_dir`` if the run reads from there and the set is incomplete.
+
+    Args:
+        config: the set.
+        reads: the paths of the run's training data (``data.train_urls``); the set is written only when one of
+            them lies in ``config.out_dir``, so a run pointed at other training data never writes it.
+
+    Returns:
+        The files written, or None when nothing was (the set is complete, or the run does not read it).
+    """
+    out = Path(config.out_dir).expanduser().resolve()
+    inside = [p for p in reads if "://" not in p and Path(p).expanduser().resolve().is_relative_to(out)]
+    missing = [out / name for name in _SET_FILES if not (out / name).is_file()]
+    if not inside or not missing:
+        return None
+    logger.info(
+        "%s is missing: writing the synthetic spoken-digit set (%d training and %d validation clips, seed %d) to %s; "
+        "this takes about a minute, once",
+        missing[0],
+        config.train,
+        config.validation,
+        config.seed,
+        out,
+    )
+    files = write_synthetic_speech(out, train=config.train, validation=config.validation, seed=config.seed)
+    logger.info("wrote %s, %s, %s and the clips in %s", files.train, files.validation, files.tokenizer, out / "clips")
+    return files
+
+
+_SET_FILES = ("train.jsonl", "validation.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json")
+"""The files of a complete set (:func:`write_synthetic_speech` writes the tokenizer last)."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -13,7 +14,7 @@ from .config import MISSING_EXTRA, EvalHarnessConfig
 __all__ = ["harness_metrics", "run_harness", "task_manager", "write_results"]
 
 
-def task_manager(include_path: str | None, tasks: list[str]) -> Any:
+def task_manager(include_path: str | None, tasks: list[str], *, key: str = "eval_harness.tasks") -> Any:
     """An ``lm_eval`` ``TaskManager`` that knows ``tasks``.
 
     With ``include_path``, the local folder alone is indexed when it defines every task named (indexing
@@ -22,12 +23,15 @@ def task_manager(include_path: str | None, tasks: list[str]) -> Any:
     Args:
         include_path: a folder of task YAML files (None: only lm-eval's tasks).
         tasks: the task or group names to find.
+        key: the config key that named ``tasks``, for the error message.
 
     Returns:
         The task manager.
 
     Raises:
         ImportError: if ``lm_eval`` is not installed.
+        ValueError: if a name is neither a task, a group nor a tag of lm-eval or of ``include_path``; one line
+            naming ``key`` and the closest known names.
     """
     try:
         from lm_eval.tasks import TaskManager
@@ -36,25 +40,48 @@ def task_manager(include_path: str | None, tasks: list[str]) -> Any:
 
     if include_path is not None:
         local = TaskManager(include_path=include_path, include_defaults=False)
-        if set(tasks) <= set(local.all_tasks) | set(local.all_groups) | set(local.all_tags):
+        if set(tasks) <= _task_names(local):
             return local
-    return TaskManager(include_path=include_path)
+    manager = TaskManager(include_path=include_path)
+    known = _task_names(manager)
+    unknown = [name for name in tasks if name not in known]
+    if unknown:
+        raise ValueError(_unknown_tasks_message(unknown, known, key, include_path))
+    return manager
 
 
-def run_harness(lm: Any, config: EvalHarnessConfig, *, log_samples: bool = False) -> dict[str, Any]:
+def _task_names(manager: Any) -> set[str]:
+    return set(manager.all_tasks) | set(manager.all_groups) | set(manager.all_tags)
+
+
+def _unknown_tasks_message(unknown: list[str], known: set[str], key: str, include_path: str | None) -> str:
+    """One line: the unknown names, each with the known names closest to it."""
+    where = "lm-eval's tasks, groups and tags" + (f" or those of include_path {include_path}" if include_path else "")
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=5, cutoff=0.6)
+        parts.append(f"{name!r} (close names: {', '.join(close)})" if close else f"{name!r} (no close name)")
+    plural = "s" if len(unknown) > 1 else ""
+    return f"{key}: unknown task{plural} {'; '.join(parts)}: not among {where} ({len(known)} names)"
+
+
+def run_harness(
+    lm: Any, config: EvalHarnessConfig, *, log_samples: bool = False, manager: Any = None
+) -> dict[str, Any]:
     """Evaluate ``lm`` on the configured tasks with ``lm_eval.simple_evaluate``.
 
     Args:
         lm: an ``lm_eval`` model, e.g. a :class:`~ponente.trainer.eval_harness.adapter.PonenteLM`.
         config: the tasks, ``limit``, ``num_fewshot``, ``include_path``, seed.
         log_samples: keep every request and answer under ``"samples"`` in the results.
+        manager: the :func:`task_manager` of the configured tasks (None: made here).
 
     Returns:
         lm-eval's results dictionary (``"results"``: metrics per task, ``"configs"``, ``"versions"``, ...).
 
     Raises:
         ImportError: if ``lm_eval`` is not installed.
-        ValueError: if lm-eval returns nothing (e.g. an unknown task).
+        ValueError: for an unknown task (see :func:`task_manager`), or if lm-eval returns nothing.
     """
     try:
         import lm_eval
@@ -68,7 +95,7 @@ def run_harness(lm: Any, config: EvalHarnessConfig, *, log_samples: bool = False
         limit=config.limit,
         bootstrap_iters=config.bootstrap_iters,
         log_samples=log_samples,
-        task_manager=task_manager(config.include_path, list(config.tasks)),
+        task_manager=manager if manager is not None else task_manager(config.include_path, list(config.tasks)),
         random_seed=config.seed,
         numpy_random_seed=config.seed,
         torch_random_seed=config.seed,

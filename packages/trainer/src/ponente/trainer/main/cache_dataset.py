@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 
 from ponente.datacache import CacheDataset
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_all_caches
 from ponente.trainer.run import check_inputs, parse_run_command_line, run_cli
 
 __all__ = ["CacheDatasetConfig", "cache_dataset", "main"]
@@ -51,7 +51,7 @@ def cache_dataset(config: CacheDatasetConfig) -> dict[str, CacheDataset]:
     Raises:
         ValueError: If the config has no training or validation source at all.
     """
-    caches = config.data.build_all_caches(progress=config.progress)
+    caches = build_all_caches(config.data, progress=config.progress)
     if not caches:
         raise ValueError("data: nothing to cache; set data.train_urls / data.validation_urls or data.id")
     return caches

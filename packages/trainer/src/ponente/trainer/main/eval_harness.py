@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ponente.models import LmConfig
-from ponente.trainer.eval_harness import EvalHarnessConfig, harness_metrics, run_harness, write_results
+from ponente.trainer.eval_harness import EvalHarnessConfig, harness_metrics, run_harness, task_manager, write_results
 from ponente.trainer.run import parse_command_line, run_cli
 
 __all__ = ["EvalHarnessRunConfig", "eval_harness", "main"]
@@ -69,11 +69,13 @@ def eval_harness(config: EvalHarnessRunConfig) -> dict[str, Any]:
 
     Raises:
         ImportError: if ``lm_eval`` is not installed.
-        ValueError: if the model comes without a tokenizer (pass ``tokenizer``).
+        ValueError: if a task is unknown (checked before the model loads, naming ``--tasks``), or the model comes
+            without a tokenizer (pass ``tokenizer``).
     """
     from ponente.trainer.eval_harness.adapter import PonenteLM
     from ponente.trainer.inference import load_model
 
+    manager = task_manager(config.include_path, list(config.tasks), key="--tasks")
     path = config.hf_checkpoint if config.hf_checkpoint is not None else config.checkpoint_path
     assert path is not None  # checked in __post_init__
     model, tokenizer = load_model(
@@ -89,7 +91,7 @@ def eval_harness(config: EvalHarnessRunConfig) -> dict[str, Any]:
         max_gen_toks=config.max_gen_toks,
         tokenizer_folder=_tokenizer_folder(config),
     )
-    results = run_harness(lm, config, log_samples=config.log_samples)
+    results = run_harness(lm, config, log_samples=config.log_samples, manager=manager)
     write_results(results, os.path.abspath(config.output_path))
     return results
 

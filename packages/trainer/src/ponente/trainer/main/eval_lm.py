@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ponente.models import Gpt2Config, LmConfig
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, train_set, validation_sets
 from ponente.trainer.main.export_lm_to_hf import training_config_keys
 from ponente.trainer.run import (
     check_run_inputs,
@@ -135,7 +135,7 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
 
     from ponente.models import compute_next_token_loss
     from ponente.trainer.data import batch_for_step
-    from ponente.trainer.lm import lm_batch, lm_example
+    from ponente.trainer.tasks.lm import lm_batch, lm_example
 
     checkpoint = find_checkpoint(config.checkpoint_path) if config.checkpoint_path is not None else None
     data = config.data
@@ -143,11 +143,11 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
     byte_table = jnp.asarray(token_byte_lengths(data.the_tokenizer, model.Vocab.size))
     seq_len = model.config.seq_len
     if config.split == "validation":
-        datasets = data.validation_sets(seq_len)
+        datasets = validation_sets(data, seq_len)
         if not datasets:
             raise ValueError("data.validation_urls: no validation data to evaluate (or pass --split train)")
     else:
-        datasets = {"train": data.train_set(seq_len, seed=0)}
+        datasets = {"train": train_set(data, seq_len, seed=0)}
 
     @eqx.filter_jit
     def batch_sums(model: Any, batch: dict[str, Any]) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from ponente.models.lora import LoraConfig
 from ponente.trainer import run
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
 from ponente.trainer.eval_harness import EvalHarnessConfig
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
+from ponente.trainer.tasks.lora import LoraTask
 from ponente.trainer.trainer import TrainerConfig
 
 __all__ = ["LoraLmConfig", "main", "train"]
@@ -89,53 +89,10 @@ def train(config: LoraLmConfig) -> run.TrainResult:
         ValueError: if ``initialize_from_hf`` is not set, there is no training data, ``lora`` does not fit the
             model (a target that matches no layer, a rank too large), or the run cannot start.
     """
-    from ponente.models.lora import lora_trainable_filter, loraize, with_dropout_keys
-
     if not config.initialize_from_hf:
         raise ValueError("initialize_from_hf: the Hugging Face checkpoint (folder or hub id) to adapt is not set")
     startup = run.start_run(config.trainer)
-    run.check_training_data(config.data, hint="data.train_urls=[my_data.jsonl]")
-    model_config = run.hf_model_config(config.initialize_from_hf)
-    seq_len = run.row_length(model_config.seq_len, config.max_train_length)
-    recipe = run.LmRecipe(
-        model_config=model_config,
-        seq_len=seq_len,
-        vocab_size=run.hf_vocab_size(config.initialize_from_hf),
-        initialize_from_hf=config.initialize_from_hf,
-        allow_pickle=config.allow_pickle,
-        adapt=lambda model, key: loraize(model, config.lora, key=key),
-        trainable=lora_trainable_filter,
-        step_model=with_dropout_keys,
-        export=_exporter(config, seq_len),
-        export_every=config.hf_save_steps,
-        viz_logprobs=config.viz_logprobs,
-        eval_harness=config.eval_harness,
-    )
-    return run.train_language_model(config, recipe, startup)
-
-
-def _exporter(config: LoraLmConfig, seq_len: int) -> Any:
-    """The exports of a LoRA run: the PEFT adapter and the merged Hugging Face checkpoint, as configured."""
-    from ponente.models.hf import save_peft_pretrained
-    from ponente.models.lora import merge_lora
-
-    merged = None
-    if config.merged_hf_save_path:
-        merged = run.hf_exporter(config.merged_hf_save_path, tokenizer=config.data.the_tokenizer, seq_len=seq_len)
-    if config.peft_save_path is None and merged is None:
-        return None
-
-    def export(model: Any, subfolder: str | None) -> dict[str, str]:
-        written: dict[str, str] = {}
-        if config.peft_save_path is not None:
-            where = run.resolve_path(config.peft_save_path + ("" if subfolder is None else f"/{subfolder}"))
-            save_peft_pretrained(model, config.lora, where, base_model_name_or_path=config.initialize_from_hf)
-            written["peft adapter"] = where
-        if merged is not None:
-            written |= merged(merge_lora(model), subfolder)
-        return written
-
-    return export
+    return run.Run(LoraTask(config), startup).train()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from ponente.trainer import run
-from ponente.trainer.main.train_lm import TrainLmConfig, recipe
+from ponente.trainer.main.train_lm import TrainLmConfig
+from ponente.trainer.tasks.lm import LmTask
 
 __all__ = ["SftConfig", "main", "train"]
 
@@ -59,10 +60,13 @@ def train(config: SftConfig) -> run.TrainResult:
             "folder or hub id) or trainer.initialize_from (a Ponente checkpoint)"
         )
     startup = run.start_run(config.trainer)
-    run.check_training_data(config.data, hint="--config_path sft_alpaca")
-    use_hf_model_config = config.use_hf_model_config is not False
-    lm_recipe = recipe(config, use_hf_model_config=use_hf_model_config, max_train_length=config.max_train_length)
-    return run.train_language_model(config, lm_recipe, startup)
+    task = LmTask(
+        config,
+        use_hf_model_config=config.use_hf_model_config is not False,
+        max_train_length=config.max_train_length,
+        hint="--config_path sft_alpaca",
+    )
+    return run.Run(task, startup).train()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,8 +4,10 @@
 The configuration is a :class:`TrainAsrConfig` (``data``, ``model``, ``trainer``, ``optimizer`` sections) read from
 YAML files and dotted overrides; ``--help`` lists every field. A run:
 
-1. opens (or builds, in the background) the caches of ``data`` (an ``AsrDatasetConfig``): log-mel features of
-   each clip, padded or cut to ``data.chunk_seconds``, and its tokenised transcript after Whisper's prompt;
+1. writes the synthetic set of ``synthetic_data`` if ``data.train_urls`` reads it and it is not there yet (the
+   packaged example's spoken digits), then opens (or builds, in the background) the caches of ``data`` (an
+   ``AsrDatasetConfig``): log-mel features of each clip, padded or cut to ``data.chunk_seconds``, and its
+   tokenised transcript after Whisper's prompt;
 2. builds the Whisper model of ``model`` (or of ``initialize_from_hf``'s config, and its weights), or resumes;
 3. trains with every trainer feature (mixed precision, sharding, checkpoints, bitwise resume, trackers), the loss
    being the next-token cross-entropy of the transcript given the audio; every ``trainer.steps_per_eval`` steps
@@ -23,11 +25,13 @@ from collections.abc import Sequence
 from ponente.models.whisper import WhisperConfig
 from ponente.trainer import run
 from ponente.trainer.data import AsrDatasetConfig
+from ponente.trainer.data.synthetic_speech import SyntheticSpeechConfig, write_missing_synthetic_speech
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
-from ponente.trainer.run import TrainResult, WerConfig
+from ponente.trainer.run import Run, TrainResult
+from ponente.trainer.tasks.asr import AsrTask, WerConfig
 from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["TrainAsrConfig", "WerConfig", "main", "recipe", "train"]
+__all__ = ["TrainAsrConfig", "WerConfig", "main", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,8 @@ class TrainAsrConfig:
         hf_save_path: if set, export the final model as a Hugging Face folder there.
         hf_save_steps: also export every this many steps (needs ``hf_save_path``).
         wer: the word error rate measured at each evaluation (``max_examples: 0``: none).
+        synthetic_data: a synthetic spoken-digit set written into its ``out_dir`` before the run when
+            ``data.train_urls`` reads from there and the set is incomplete (None: none).
     """
 
     data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
@@ -61,6 +67,7 @@ class TrainAsrConfig:
     hf_save_path: str | None = None
     hf_save_steps: int | None = None
     wer: WerConfig = dataclasses.field(default_factory=WerConfig)
+    synthetic_data: SyntheticSpeechConfig | None = None
 
     def __post_init__(self) -> None:
         if self.hf_save_steps is not None and self.hf_save_path is None:
@@ -83,37 +90,20 @@ def train(config: TrainAsrConfig) -> TrainResult:
             model, a resume that changes a field that must stay fixed, ...), naming the key.
         FileNotFoundError: if ``trainer.load_checkpoint`` is true and there is no checkpoint.
     """
+    write_missing_data(config)
     startup = run.start_run(config.trainer)
-    run.check_training_data(config.data, hint="the packaged example: --config_path whisper_tiny_digits")
-    config.data.the_tokenizer  # noqa: B018  (fails early, naming data.tokenizer)
-    return run.train_speech_model(config, recipe(config), startup)
+    return Run(AsrTask(config), startup).train()
 
 
-def recipe(config: TrainAsrConfig) -> run.AsrRecipe:
-    """What a :class:`TrainAsrConfig` trains and exports.
-
-    Returns:
-        The recipe for :func:`ponente.trainer.run.train_speech_model`.
-    """
-    model_config = config.model
-    if config.initialize_from_hf and config.use_hf_model_config is not False:
-        model_config = run.hf_whisper_config(config.initialize_from_hf)
-    export = None
-    if config.hf_save_path:
-        export = run.whisper_exporter(config.hf_save_path, tokenizer=config.data.the_tokenizer, data=config.data)
-    return run.AsrRecipe(
-        model_config=model_config,
-        initialize_from_hf=config.initialize_from_hf,
-        allow_pickle=config.allow_pickle,
-        export=export,
-        export_every=config.hf_save_steps,
-        wer=config.wer,
-    )
+def write_missing_data(config: TrainAsrConfig) -> None:
+    """Write the ``synthetic_data`` set if ``data.train_urls`` reads it and it is not there yet (logged)."""
+    if config.synthetic_data is not None:
+        write_missing_synthetic_speech(config.synthetic_data, config.data.train_urls)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the entry point; returns the process exit code."""
-    return run.command_line_main(train, TrainAsrConfig, argv, prog="ponente-train-asr")
+    return run.command_line_main(train, TrainAsrConfig, argv, prog="ponente-train-asr", prepare=write_missing_data)
 
 
 if __name__ == "__main__":

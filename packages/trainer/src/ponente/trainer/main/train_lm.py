@@ -15,8 +15,8 @@ log-probabilities at each evaluation (``ponente.trainer.run.VizLogprobsConfig``)
 section, it scores lm-eval tasks every ``eval_harness.every`` steps and logs ``lm_eval/<task>/<metric>``
 (``ponente.trainer.eval_harness.EvalHarnessConfig``; needs ``pip install 'ponente-trainer[eval]'``).
 
-The steps shared with other entry points (provenance, restore, signals, export, ...) are in
-:mod:`ponente.trainer.run`; this module says what is particular to language-model pre-training.
+What is trained is a :class:`~ponente.trainer.tasks.lm.LmTask`; the run (provenance, restore, signals, export, ...)
+is :class:`ponente.trainer.run.Run`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from ponente.trainer import run
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
 from ponente.trainer.eval_harness import EvalHarnessConfig
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
-from ponente.trainer.run import PREEMPTED_EXIT_CODE, SampleConfig, TrainResult, config_differences
+from ponente.trainer.run import PREEMPTED_EXIT_CODE, Run, SampleConfig, TrainResult, config_differences
+from ponente.trainer.tasks.lm import LmTask
 from ponente.trainer.trainer import TrainerConfig
 
 __all__ = [
@@ -40,15 +41,8 @@ __all__ = [
     "TrainResult",
     "config_differences",
     "main",
-    "recipe",
     "train",
 ]
-
-# the run-layer steps under the names this module had before they moved there (tests and users import them)
-_eval_batches = run.eval_batches
-_pad_vocab_for_partitioning = run.pad_vocab_for_partitioning
-_process_age = run.process_age
-_restore = run.restore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +61,7 @@ class TrainLmConfig:
         use_hf_model_config: with ``initialize_from_hf``, take the model config from the checkpoint.
         z_loss_weight: weight of the z-loss ``logsumexp(logits)**2`` (0: none).
         cross_entropy_block_size: how the loss avoids materializing the full logits (None: the plain loss;
-            ``auto``: from ``ponente.models.lm.FUSED_LOSS_MIN_VOCAB`` (65536) vocabulary entries on, where the model
+            ``auto``: from ``ponente.models.loss.FUSED_LOSS_MIN_VOCAB`` (65536) vocabulary entries on, where the model
             allows it, the fused loss, chunks of positions with the gradient computed in the forward pass; a
             number: the vocabulary-blocked loss with blocks of that many entries, least memory, one more product).
         data_seed: seed of the data order (None: ``trainer.seed``).
@@ -118,43 +112,7 @@ def train(config: TrainLmConfig) -> TrainResult:
         FileNotFoundError: if ``trainer.load_checkpoint`` is true and there is no checkpoint.
     """
     startup = run.start_run(config.trainer)
-    run.check_training_data(config.data, hint="the packaged hello world: --config_path gpt2_nano")
-    return run.train_language_model(config, recipe(config, use_hf_model_config=config.use_hf_model_config), startup)
-
-
-def recipe(config: TrainLmConfig, *, use_hf_model_config: bool, max_train_length: int | None = None) -> run.LmRecipe:
-    """What a :class:`TrainLmConfig` (or a config with its keys, like ``SftConfig``) trains and exports.
-
-    Args:
-        config: the configuration.
-        use_hf_model_config: take the model config from ``initialize_from_hf`` rather than ``model``.
-        max_train_length: train on rows of at most this many tokens (None: the model's ``seq_len``).
-
-    Returns:
-        The recipe for :func:`ponente.trainer.run.train_language_model`.
-    """
-    model_config, vocab_size = config.model, None
-    if config.initialize_from_hf and use_hf_model_config:
-        model_config = run.hf_model_config(config.initialize_from_hf)
-        vocab_size = run.hf_vocab_size(config.initialize_from_hf)
-    seq_len = run.row_length(model_config.seq_len, max_train_length)
-    export = None
-    if config.hf_save_path:
-        export = run.hf_exporter(config.hf_save_path, tokenizer=config.data.the_tokenizer, seq_len=seq_len)
-    return run.LmRecipe(
-        model_config=model_config,
-        seq_len=seq_len,
-        vocab_size=vocab_size,
-        initialize_from_hf=config.initialize_from_hf,
-        allow_pickle=config.allow_pickle,
-        export=export,
-        export_every=config.hf_save_steps,
-        z_loss_weight=config.z_loss_weight,
-        cross_entropy_block_size=config.cross_entropy_block_size,
-        sample=config.sample,
-        viz_logprobs=config.viz_logprobs,
-        eval_harness=config.eval_harness,
-    )
+    return Run(LmTask(config, use_hf_model_config=config.use_hf_model_config), startup).train()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ponente.models import Gpt2Config, LmConfig
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, validation_sets
 from ponente.trainer.run import load_model_from_checkpoint, parse_command_line, run_cli
 
 __all__ = ["VizLmConfig", "main", "read_documents", "viz_logprobs"]
@@ -126,9 +126,10 @@ def viz_logprobs(config: VizLmConfig) -> str:
     """Draw the page as configured; returns where it was written.
 
     Raises:
-        ValueError: if there are no documents (no validation data, an empty jsonl file).
+        ValueError: if there are no documents (no validation data or no validation token, a jsonl file without
+            records or whose records all tokenize to nothing).
     """
-    from ponente.trainer.viz_logprobs import document_logprobs, render_page, write_page
+    from ponente.trainer.viz_logprobs import document_logprobs, render_page, validation_rows, write_page
 
     tokenizer = _tokenizer(config)
     model = _load_model(config)
@@ -136,23 +137,22 @@ def viz_logprobs(config: VizLmConfig) -> str:
     rows: list[dict[str, np.ndarray]] = []
     names: list[str] = []
     if config.documents is not None:
-        text_key = getattr(config.data, "text_key", "text")
+        text_key = getattr(getattr(config.data, "format", None), "text_key", "text")
         for i, text in enumerate(read_documents(config.documents, text_key, config.num_docs)):
             ids = tokenizer.encode(text).ids[:length]
             if ids:
                 rows.append({"input_ids": np.asarray(ids, np.int32)})
                 names.append(f"{Path(config.documents).name} record {i}")
+        if not rows:
+            raise ValueError(f"documents: nothing to draw: every record of {config.documents} tokenizes to nothing")
     else:
-        datasets = config.data.validation_sets(length)
+        datasets = validation_sets(config.data, length)
         if not datasets:
             raise ValueError("data.validation_urls: no validation data to draw (or pass --documents a jsonl file)")
-        for name, dataset in datasets.items():
-            dataset.wait_for_length(config.num_docs)
-            count = min(config.num_docs, len(dataset))
-            rows.extend(dataset[i] for i in range(count))
-            names.extend(f"{name} row {i}" for i in range(count))
-    if not rows:
-        raise ValueError("documents: nothing to draw (every document is empty)")
+        try:
+            rows, names = validation_rows(datasets, config.num_docs)
+        except ValueError as exc:
+            raise ValueError(f"data.validation_urls: {exc}") from None
     documents = document_logprobs(model, rows, names=names, top_k=config.top_k, batch_size=config.batch_size)
     source = config.hf_checkpoint or config.checkpoint_path
     return write_page(render_page(documents, tokenizer, title=f"Token log-probabilities of {source}"), config.output)

@@ -69,10 +69,23 @@ def parse_command_line(config_class: type[T], argv: Sequence[str] | None, *, pro
     from ponente.trainer.config import parse_config
 
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), format=LOG_FORMAT)
+    _quiet_backend_discovery()
     config = parse_config(config_class, list(sys.argv[1:] if argv is None else argv), prog=prog, exit_on_error=False)
     if check:
         check_inputs(config)
     return config
+
+
+def _quiet_backend_discovery() -> None:
+    """Keep JAX's INFO lines about optional backends it did not find off the console, unless the level is DEBUG.
+
+    On a machine without a TPU, JAX logs ``Unable to initialize backend 'tpu': ...`` at INFO (and so for any
+    other optional plugin); those would be the first lines a CPU user sees. JAX's warnings stay: a GPU or TPU
+    that is present but cannot be used is a WARNING (``An NVIDIA GPU may be present on this machine...``), and a
+    backend named in ``JAX_PLATFORMS`` that fails is an error. ``JAX_PLATFORMS`` itself is never touched.
+    """
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
 
 def _get(config: Any, dotted: str) -> Any:
@@ -290,7 +303,12 @@ def print_versions() -> None:
 
 
 def command_line_main(
-    train: Callable[[T], TrainResult], config_class: type[T], argv: Sequence[str] | None, *, prog: str
+    train: Callable[[T], TrainResult],
+    config_class: type[T],
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    prepare: Callable[[T], None] | None = None,
 ) -> int:
     """The ``main`` of a training entry point: ``--version``, or parse the config, check its inputs, train, report.
 
@@ -302,6 +320,7 @@ def command_line_main(
         config_class: its root config dataclass.
         argv: the arguments (None: ``sys.argv[1:]``).
         prog: the program name ``--help`` shows (the console script, e.g. ``ponente-sft``).
+        prepare: called with the configuration before its inputs are checked (e.g. to write an example's data).
 
     Returns:
         The process exit code (see :func:`print_result`).
@@ -311,6 +330,10 @@ def command_line_main(
         if "--version" in args:
             print_versions()
             return 0
-        return print_result(train(parse_command_line(config_class, args, prog=prog)))
+        config = parse_command_line(config_class, args, prog=prog, check=False)
+        if prepare is not None:
+            prepare(config)
+        check_inputs(config)
+        return print_result(train(config))
 
     return run_cli(main, argv)

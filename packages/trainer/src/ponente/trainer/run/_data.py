@@ -8,17 +8,31 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_caches
 
 if TYPE_CHECKING:
     from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["RECORD_ROWS_ENV", "build_caches_once", "rows_recorder"]
+__all__ = ["RECORD_ROWS_ENV", "build_caches_once", "check_training_data", "rows_recorder"]
 
 logger = logging.getLogger("ponente.trainer.run")
 
 RECORD_ROWS_ENV = "PONENTE_RECORD_ROWS"
 """Environment variable: if set, :func:`rows_recorder` appends the rows of each step to ``$VALUE.<process index>``."""
+
+
+def check_training_data(data: Any, hint: str) -> None:
+    """Fail early when a single-source data config names no training data.
+
+    Args:
+        data: the data config (``LMDatasetConfig``, ``LMMixtureDatasetConfig``, ``AsrDatasetConfig``, ...).
+        hint: what to pass instead, for the message (e.g. ``"--config_path gpt2_nano"``).
+
+    Raises:
+        ValueError: if ``data.train_urls`` is empty and ``data.id`` is not set.
+    """
+    if not hasattr(data, "configs") and not getattr(data, "train_urls", None) and getattr(data, "id", None) is None:
+        raise ValueError(f"data.train_urls is empty and data.id is not set: nothing to train on (for example, {hint})")
 
 
 def build_caches_once(data: LMDatasetConfig | LMMixtureDatasetConfig, tcfg: TrainerConfig) -> None:
@@ -51,7 +65,7 @@ def build_caches_once(data: LMDatasetConfig | LMMixtureDatasetConfig, tcfg: Trai
         logger.info("process 0 builds the data caches in the background; the other processes follow them")
         for split in ("train", "validation"):
             if isinstance(data, LMMixtureDatasetConfig) or data.has_split(split):
-                data.build_caches(split, background=True, progress=False)  # returns once the first rows commit
+                build_caches(data, split, background=True, progress=False)  # returns once the first rows commit
     barrier("ponente.train_lm: data caches started")
     if jax.process_index() != 0:
         follow_cache_builds(True)

@@ -17,7 +17,8 @@ def eval_batches(
     batch_size: int,
     limit: int | None,
     rows: slice | None = None,
-    make_batch: Callable[[Mapping[str, Any]], Any] | None = None,
+    *,
+    make_batch: Callable[[Mapping[str, Any]], Any],
 ) -> Iterator[dict[str, Any]]:
     """The evaluation batches of ``dataset``: only the positions ``rows`` of each global batch of ``batch_size``.
 
@@ -31,7 +32,7 @@ def eval_batches(
         limit: evaluate at most this many batches (None: all).
         rows: the positions of each global batch this process loads (None: all).
         make_batch: ``make_batch(rows) -> batch`` with a NamedArray ``loss_mask`` whose first axis is the batch
-            (None: :func:`ponente.trainer.lm.lm_batch`).
+            (e.g. :meth:`Task.make_batch`).
 
     Yields:
         Batches (LM batches by default) of ``rows.stop - rows.start`` (or ``batch_size``) rows.
@@ -41,16 +42,14 @@ def eval_batches(
     import ponente.namedtensor as hax
     from ponente.trainer.data import batch_for_step
     from ponente.trainer.data.loader import step_indices
-    from ponente.trainer.lm import lm_batch
 
     dataset.wait_for_length(None)  # evaluation uses the whole (finished) validation cache
     length = len(dataset)
     num = -(-length // batch_size)
     if limit is not None:
         num = min(num, limit)
-    to_batch = lm_batch if make_batch is None else make_batch
     for step in range(num):
-        batch = to_batch(batch_for_step(dataset, step, batch_size, rows=rows))
+        batch = make_batch(batch_for_step(dataset, step, batch_size, rows=rows))
         padding = step_indices(step, batch_size, rows) >= length
         if padding.any():
             mask = batch["loss_mask"]
@@ -69,7 +68,7 @@ class Evaluator:
         trainer: the trainer that evaluates.
         datasets: the validation sets by name.
         max_batches: evaluate at most this many batches of each set (None: all).
-        make_batch: ``make_batch(rows) -> batch`` (None: :func:`ponente.trainer.lm.lm_batch`).
+        make_batch: ``make_batch(rows) -> batch`` (e.g. :meth:`Task.make_batch`).
     """
 
     def __init__(
@@ -78,7 +77,7 @@ class Evaluator:
         datasets: Mapping[str, Any],
         max_batches: int | None,
         *,
-        make_batch: Callable[[Mapping[str, Any]], Any] | None = None,
+        make_batch: Callable[[Mapping[str, Any]], Any],
     ) -> None:
         self.trainer = trainer
         self.datasets = dict(datasets)
@@ -92,7 +91,7 @@ class Evaluator:
         results = {
             f"{name}/loss": self.trainer.eval_loss(
                 state,
-                eval_batches(ds, self.batch_size, self.max_batches, self.rows, self.make_batch),
+                eval_batches(ds, self.batch_size, self.max_batches, self.rows, make_batch=self.make_batch),
                 batch_size=self.batch_size,
             )
             for name, ds in self.datasets.items()

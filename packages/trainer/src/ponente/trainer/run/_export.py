@@ -14,9 +14,7 @@ from typing import Any
 
 from ponente.datacache import storage
 
-from ._outputs import resolve_path
-
-__all__ = ["export_hf", "hf_exporter"]
+__all__ = ["export_folder", "export_hf"]
 
 
 def export_hf(model: Any, path: str, *, tokenizer: Any | None, seq_len: int, max_shard_size: int | None = None) -> str:
@@ -42,12 +40,30 @@ def export_hf(model: Any, path: str, *, tokenizer: Any | None, seq_len: int, max
 
     files = HfTokenizerFiles(tokenizer, model_max_length=seq_len) if tokenizer is not None else None
     options = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    return export_folder(path, lambda folder: save_pretrained(model, folder, tokenizer=files, **options))
+
+
+def export_folder(path: str, write: Callable[[str], None]) -> str:
+    """Run ``write(folder)`` on the folder ``path``, or (an ``s3://`` / ``gs://`` URL) on a local temporary folder
+    that is then uploaded, ``config.json`` last, so a reader that finds ``config.json`` finds the whole folder.
+
+    Args:
+        path: the output folder: a local path or an object-store URL.
+        write: writes the export's files into the folder it is given.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ponente.datacache.storage.StorageError: ``path`` is on an object store whose fsspec extra is not
+            installed, or the store refused the upload.
+    """
     if "://" not in path:
-        save_pretrained(model, path, tokenizer=files, **options)
+        write(path)
         return path
     fs, remote = storage.filesystem(path)  # before the slow work: a missing s3fs/gcsfs fails at once
     with tempfile.TemporaryDirectory(prefix="ponente-export-") as local:
-        save_pretrained(model, local, tokenizer=files, **options)
+        write(local)
         _upload(fs, local, remote, path)
     return path
 
@@ -65,22 +81,3 @@ def _upload(fs: Any, local: str, remote: str, url: str) -> None:
         raise storage.storage_error(url, e, "exporting to") or storage.StorageError(
             f"exporting to {url}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from e
-
-
-def hf_exporter(path: str, *, tokenizer: Any | None, seq_len: int) -> Callable[[Any, str | None], dict[str, str]]:
-    """An ``export(model, subfolder)`` for :class:`~ponente.trainer.run.LmRecipe`: a Hugging Face folder at ``path``.
-
-    Args:
-        path: the export folder (relative paths are made absolute); ``subfolder`` (``"step-N"``) goes under it.
-        tokenizer: the tokenizer saved alongside (None: none).
-        seq_len: the tokenizer's ``model_max_length``.
-
-    Returns:
-        The exporter; it returns ``{"hugging face export": folder}``.
-    """
-
-    def export(model: Any, subfolder: str | None) -> dict[str, str]:
-        where = resolve_path(path if subfolder is None else f"{path}/{subfolder}")
-        return {"hugging face export": export_hf(model, where, tokenizer=tokenizer, seq_len=seq_len)}
-
-    return export

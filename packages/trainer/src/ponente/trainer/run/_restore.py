@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._differences import config_differences
+from ._provenance import config_differences
 
 if TYPE_CHECKING:
     from ponente.models import LmConfig

@@ -1,13 +1,29 @@
-"""What a training run produced, and how an entry point reports it."""
+"""The end of a run and what it produced: the final checkpoint, the trackers' summary, where everything went, the
+:class:`TrainResult` and its exit status (:func:`stop_exit_code`: after a SIGTERM or Ctrl-C, handled by
+:func:`ponente.trainer.trainer.stop_on_signals`, the run checkpoints and exits with ``trainer.preemption_exit_code``,
+0 by default; after a non-finite loss with 1)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-from ._signals import NONFINITE_STOP, stop_exit_code
+from ._provenance import RunRecord
 
-__all__ = ["TrainResult", "print_result"]
+__all__ = [
+    "NONFINITE_STOP",
+    "PREEMPTED_EXIT_CODE",
+    "TrainResult",
+    "final_checkpoint",
+    "finish_trackers",
+    "output_locations",
+    "print_result",
+    "resolve_path",
+    "stop_exit_code",
+]
 
 
 @dataclasses.dataclass
@@ -70,3 +86,98 @@ def print_result(result: TrainResult) -> int:
         else:
             print(f"stopped early: {result.stopped}", file=sys.stderr)
     return code
+
+
+PREEMPTED_EXIT_CODE = 0
+"""The default exit code of a run stopped by SIGTERM or Ctrl-C after saving its checkpoint
+(``trainer.preemption_exit_code``)."""
+
+NONFINITE_STOP = "non-finite loss"
+"""How the stop reason of a run ended by a NaN/Inf loss (``trainer.on_nonfinite_loss: stop``) begins."""
+
+
+def stop_exit_code(stopped: str | None, preemption_exit_code: int = PREEMPTED_EXIT_CODE) -> int:
+    """The exit status of a run that ended for ``stopped`` (None: every step ran).
+
+    Args:
+        stopped: the run's stop reason (``TrainResult.stopped``): ``"SIGTERM"``, ``"SIGINT"``, or one starting
+            with :data:`NONFINITE_STOP`.
+        preemption_exit_code: ``trainer.preemption_exit_code``.
+
+    Returns:
+        0 when every step ran, ``preemption_exit_code`` after a SIGTERM or Ctrl-C (the checkpoint is saved:
+        running again resumes), 1 after a non-finite loss (an error: the checkpoint holds the last good state).
+
+    Example:
+        >>> stop_exit_code(None), stop_exit_code("SIGTERM"), stop_exit_code("SIGTERM", 75)
+        (0, 0, 75)
+        >>> stop_exit_code("non-finite loss: step 7: non-finite loss=nan")
+        1
+    """
+    if stopped is None:
+        return 0
+    if stopped.startswith(NONFINITE_STOP):
+        return 1
+    return preemption_exit_code
+
+
+def final_checkpoint(checkpointer: Any, state: Any) -> str | None:
+    """Save ``state`` (unless no step ran), wait for every pending save, and return the latest committed checkpoint.
+
+    Args:
+        checkpointer: the run's :class:`~ponente.trainer.checkpoint.Checkpointer` (closed afterwards).
+        state: the final state.
+
+    Returns:
+        The path of the latest committed checkpoint (None if the run never wrote one).
+    """
+    steps = int(state.step)
+    if steps > 0:
+        checkpointer.on_step(state, steps, force=True)
+    checkpointer.close()
+    return checkpointer.latest_checkpoint_path()
+
+
+def finish_trackers(
+    tracker: Any, *, steps: int, final_loss: float | None, eval_loss: Mapping[str, float]
+) -> dict[str, Any]:
+    """Log the run's summary (``steps``, ``final/train_loss``, ``final/eval/<name>/loss``) and close the trackers.
+
+    Returns:
+        The summary logged.
+    """
+    summary: dict[str, Any] = {"steps": steps}
+    if final_loss is not None:
+        summary["final/train_loss"] = final_loss
+    summary |= {f"final/eval/{k}": v for k, v in eval_loss.items()}
+    tracker.log_summary(summary)
+    tracker.finish()
+    return summary
+
+
+def resolve_path(path: str) -> str:
+    """``path`` made absolute, unless it is a URL (``gs://...``, ``memory://...``), which stays as it is."""
+    return path if "://" in path else str(Path(path).resolve())
+
+
+def output_locations(record: RunRecord, *, checkpoints: str, trackers: Any | Sequence[Any]) -> dict[str, str]:
+    """The named locations a run writes to.
+
+    Args:
+        record: the run record (its id and run folder).
+        checkpoints: the run's checkpoint folder (``Checkpointer.run_path``).
+        trackers: ``trainer.tracker``: one tracker config or a tuple of them.
+
+    Returns:
+        ``{"checkpoints": ..., "run record": ..., "<tracker type> logs": ...}`` with absolute paths (or URLs);
+        the run record only when the run has a run folder, a tracker only when it writes to a path.
+    """
+    outputs = {"checkpoints": resolve_path(checkpoints)}
+    if record.run_dir is not None:
+        outputs["run record"] = resolve_path(record.run_dir)
+    for tracker_config in trackers if isinstance(trackers, tuple) else (trackers,):
+        for attr in ("logdir", "path"):
+            where = getattr(tracker_config, attr, None)
+            if isinstance(where, str):
+                outputs[f"{tracker_config.choice_name} logs"] = resolve_path(where.format(run_id=record.run_id))
+    return outputs

@@ -113,14 +113,12 @@ def logprob_pages(
 
         import jax
 
-        from ponente.trainer.viz_logprobs import document_logprobs, render_page, write_page
+        from ponente.trainer.viz_logprobs import document_logprobs, render_page, validation_rows, write_page
 
         if not rows:
-            for name, dataset in datasets.items():
-                dataset.wait_for_length(config.num_docs)
-                count = min(config.num_docs, len(dataset))
-                rows.extend(dataset[i] for i in range(count))
-                names.extend(f"{name} row {i}" for i in range(count))
+            found_rows, found_names = validation_rows(datasets, config.num_docs)
+            rows.extend(found_rows)
+            names.extend(found_names)
         model = info.state.model if eval_model is None else eval_model(info.state.model)
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             documents = document_logprobs(model, rows, names=names, top_k=config.top_k)

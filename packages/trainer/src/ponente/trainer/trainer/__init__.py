@@ -2,7 +2,7 @@
 
 A :class:`Trainer` owns the device mesh and the two axis mappings (parameters are stored by one,
 computation runs by the other), compiles one training step with ``named_jit`` and runs it in a loop
-that measures throughput, calls hooks and stops cleanly on Ctrl-C. The model, the loss and the
+that measures throughput, calls hooks and stops cleanly on Ctrl-C and SIGTERM. The model, the loss and the
 optimizer come from the caller, so the loop knows nothing about language models or trackers.
 
 One concept per module, each importing only those below it:
@@ -10,6 +10,7 @@ One concept per module, each importing only those below it:
 - ``_loop``: :class:`Trainer` (the sharded state, batches onto devices, evaluation, the loop, its metrics) and
   :class:`NonFiniteLossError`.
 - ``_step``: what one compiled step computes (loss, gradients accumulated over microbatches, update, metrics).
+- ``_signals``: :func:`stop_on_signals`, the one place SIGINT and SIGTERM are handled.
 - ``_mesh``: the ``(replica, data, model)`` device mesh and the compiler settings.
 - ``_batch``: a batch's static layout, size checks, token counts and microbatches (:func:`default_loss_weight`).
 - ``_config``: :class:`TrainerConfig`.
@@ -18,5 +19,6 @@ One concept per module, each importing only those below it:
 from ._batch import default_loss_weight
 from ._config import TrainerConfig
 from ._loop import LossFn, NonFiniteLossError, Trainer
+from ._signals import stop_on_signals
 
-__all__ = ["LossFn", "NonFiniteLossError", "Trainer", "TrainerConfig", "default_loss_weight"]
+__all__ = ["LossFn", "NonFiniteLossError", "Trainer", "TrainerConfig", "default_loss_weight", "stop_on_signals"]

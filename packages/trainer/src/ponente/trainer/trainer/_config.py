@@ -23,7 +23,7 @@ class TrainerConfig:
             compute, output dtypes).
         train_batch_size: examples per step (global, over all devices); -1 (Levanter's convention): one microbatch
             of ``per_device_parallelism`` examples per device, i.e. ``per_device_parallelism`` x the data-axis
-            size (resolved when a run starts, see ``ponente.trainer.run.resolve_train_batch_size``).
+            size (resolved when a run starts, see ``ponente.trainer.run.Run``).
         per_device_parallelism: examples per device per microbatch; -1 means
             ``train_batch_size / data-axis size`` (no accumulation). Smaller values accumulate gradients
             over ``train_batch_size / (per_device_parallelism * data-axis size)`` microbatches.

@@ -6,9 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -30,6 +28,7 @@ from ..state import FilterTree, TrainerState, init_state
 from ._batch import BatchLayout, check_batch, default_loss_weight, is_named, tokens_in
 from ._config import TrainerConfig
 from ._mesh import build_mesh, enable_compilation_cache, init_compiler_options
+from ._signals import stop_on_signals
 from ._step import TrainStep
 
 logger = logging.getLogger(__name__)
@@ -181,6 +180,7 @@ class Trainer:
             self._build_state, self.parameter_axis_mapping, compiler_options=init_compiler_options(self.mesh)
         )
         self._stop_reason: str | None = None
+        self._compiled_step: Any = None  # the step compile_step built (a named_jit CompiledCall), used by train_step
         self.last_stop_reason: str | None = None
         """Why the last :meth:`train` call stopped early (e.g. ``"SIGINT"``), or None if it ran to the end."""
         self.skipped_steps = 0
@@ -348,8 +348,9 @@ class Trainer:
         then starts at once. Only the structure of ``state`` and ``batch`` is read, never their values, and
         nothing is donated, so a placeholder batch of zeros will do. XLA releases the GIL while it compiles:
         call this from a background thread to compile the step while the rest of the run gets ready
-        (data, checkpoint restore, trackers). Where the state passed to :meth:`train_step` later differs
-        (another sharding, say), that call compiles again, with the same result.
+        (data, checkpoint restore, trackers). :meth:`train_step` then runs this executable (it does not trace
+        or compile again); for a state or batch of other shapes or dtypes it compiles the step anew, with the same
+        result.
 
         Args:
             state: the state the first step will get (e.g. from :meth:`initial_state`).
@@ -375,9 +376,9 @@ class Trainer:
         check_batch(placed, self.config.batch_axis, self.config.train_batch_size)
         start = time.perf_counter()
         with self._on_mesh():
-            compiled = self._step.lower(state, *BatchLayout.strip(placed)).compile()
+            self._compiled_step = self._step.compile(state, *BatchLayout.strip(placed))
         logger.debug("training step compiled in %.2f s", time.perf_counter() - start)
-        return compiled
+        return self._compiled_step.compiled
 
     def train_step(self, state: TrainerState, batch: Any) -> tuple[TrainerState, dict[str, jax.Array]]:
         """One optimizer step on ``batch`` (compiled once; ``state`` is donated, so do not reuse it).
@@ -395,8 +396,9 @@ class Trainer:
             ValueError: if the batch does not have ``train_batch_size`` examples.
         """
         check_batch(batch, self.config.batch_axis, self.config.train_batch_size)
+        step = self._step if self._compiled_step is None else self._compiled_step  # compile_step's executable
         with self._on_mesh():
-            return self._step(state, *BatchLayout.strip(batch))
+            return step(state, *BatchLayout.strip(batch))
 
     # -- evaluation --------------------------------------------------------------------------------
     def eval_loss(self, state: TrainerState, batches: Iterable[Any], *, batch_size: int | None = None) -> float:
@@ -449,24 +451,6 @@ class Trainer:
         """The reason a stop was requested, or None."""
         return self._stop_reason
 
-    @contextlib.contextmanager
-    def _sigint_stops(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            if self._stop_reason is not None:
-                raise KeyboardInterrupt
-            logger.warning("Ctrl-C: stopping after the current step (press Ctrl-C again to abort immediately)")
-            self.request_stop("SIGINT")
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
     # -- the loop ----------------------------------------------------------------------------------
     def train(
         self,
@@ -479,9 +463,11 @@ class Trainer:
 
         Per step: wait for the batch (timed), run :meth:`train_step`, fetch the metrics, check them for
         NaN/Inf, compute throughput (tokens/s, examples/s, MFU), call ``log_fn`` and the hooks that are
-        due, and every ``steps_per_eval`` steps ``eval_fn``. The first Ctrl-C stops the loop after the
-        current step (the state is returned, e.g. to checkpoint it); a second one raises
-        ``KeyboardInterrupt`` at once. The step numbers in metrics and hooks count completed steps.
+        due, and every ``steps_per_eval`` steps ``eval_fn``. The first Ctrl-C or SIGTERM stops the loop after
+        the current step (the state is returned, e.g. to checkpoint it; :attr:`last_stop_reason` says which); a
+        second Ctrl-C raises ``KeyboardInterrupt`` at once, a second SIGTERM ends the process
+        (:func:`~ponente.trainer.trainer.stop_on_signals`). The step numbers in metrics and hooks count completed
+        steps.
 
         Args:
             state: the state to start from (its ``step`` says where).
@@ -505,7 +491,7 @@ class Trainer:
         last: StepInfo | None = None
         ran_at_last: set[int] = set()
         try:
-            with self._sigint_stops():
+            with stop_on_signals(self.request_stop, lambda: self._stop_reason):
                 iterator = iter(loader)
                 while int(state.step) < cfg.num_train_steps and self._stop_reason is None:
                     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from jax import lax
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
-from .attention_mask import AttentionMask
+from ._mask import AttentionMask
 
 __all__ = ["flash_attention"]
 

@@ -1,10 +1,9 @@
-"""The speech-recognition run that ``train_asr`` uses: a Whisper model on audio + transcript data.
+"""The speech-recognition task (``train_asr``): a Whisper model on audio + transcript data.
 
-An entry point says what it trains in an :class:`AsrRecipe` (the Whisper config, the weights it starts from, what
-to export, the WER evaluation) and :func:`train_speech_model` turns it into the :class:`~ponente.trainer.run.RunTask`
-of a Whisper model for the shared run (:func:`~ponente.trainer.run.run_task`): rows of log-mel features and
-decoder tokens, the teacher-forced next-token loss over the transcript, and at each evaluation the loss and the
-greedy word error rate on the validation sets (``eval/<name>/loss``, ``eval/<name>/wer``).
+:class:`AsrTask` says what a Whisper run trains: rows of log-mel features and decoder tokens
+(:func:`whisper_batch`), the teacher-forced next-token loss over the transcript (:func:`whisper_loss`), and at each
+evaluation the loss and the greedy word error rate on the validation sets (``eval/<name>/loss``,
+``eval/<name>/wer``, :class:`SpeechEvaluator`); it exports a folder ``transformers`` loads (:func:`export_whisper`).
 """
 
 from __future__ import annotations
@@ -13,20 +12,20 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ponente.datacache import storage
-
-from ._core import Exporter, RunContext, RunTask, TaskRunConfig, run_task
-from ._evaluation import Evaluator
-from ._export import _upload
-from ._outputs import resolve_path
-from ._result import TrainResult
-from ._startup import Startup
+from ponente.trainer.run import (
+    Evaluator,
+    RunContext,
+    Task,
+    TaskConfig,
+    check_training_data,
+    export_folder,
+    resolve_path,
+)
 
 if TYPE_CHECKING:
     from ponente.models.whisper import WhisperConfig
@@ -34,15 +33,13 @@ if TYPE_CHECKING:
     from ponente.trainer.trainer import Trainer
 
 __all__ = [
-    "AsrRecipe",
+    "AsrTask",
     "SpeechEvaluator",
     "WerConfig",
     "check_speech_shapes",
     "export_whisper",
     "hf_whisper_config",
-    "train_speech_model",
     "whisper_batch",
-    "whisper_exporter",
     "whisper_loss",
 ]
 
@@ -66,28 +63,6 @@ class WerConfig:
             raise ValueError(f"wer.max_examples: expected >= 0, got {self.max_examples}")
         if self.max_new_tokens < 1:
             raise ValueError(f"wer.max_new_tokens: expected >= 1, got {self.max_new_tokens}")
-
-
-@dataclasses.dataclass(frozen=True)
-class AsrRecipe:
-    """What a speech entry point adds to the shared run (:func:`train_speech_model`).
-
-    Attributes:
-        model_config: the Whisper config.
-        initialize_from_hf: a Hugging Face Whisper checkpoint (folder or hub id) whose weights start a fresh run
-            (ignored when the run resumes or ``trainer.initialize_from`` is set).
-        allow_pickle: let ``initialize_from_hf`` load pickle weights without safetensors.
-        export: writes the exports of a model (see :data:`~ponente.trainer.run.Exporter`; None: nothing).
-        export_every: also export every this many steps, to ``"step-N"`` subfolders (None: only at the end).
-        wer: the word error rate measured at each evaluation.
-    """
-
-    model_config: WhisperConfig
-    initialize_from_hf: str | None = None
-    allow_pickle: bool = False
-    export: Exporter | None = None
-    export_every: int | None = None
-    wer: WerConfig = dataclasses.field(default_factory=WerConfig)
 
 
 def hf_whisper_config(path: str, *, key: str = "initialize_from_hf") -> WhisperConfig:
@@ -306,14 +281,7 @@ def export_whisper(model: Any, path: str, *, tokenizer: Any | None, data: AsrDat
     Returns:
         ``path``.
     """
-    if "://" not in path:
-        _write_whisper(model, path, tokenizer, data)
-        return path
-    fs, remote = storage.filesystem(path)
-    with tempfile.TemporaryDirectory(prefix="ponente-export-") as local:
-        _write_whisper(model, local, tokenizer, data)
-        _upload(fs, local, remote, path)
-    return path
+    return export_folder(path, lambda folder: _write_whisper(model, folder, tokenizer, data))
 
 
 def _write_whisper(model: Any, folder: str, tokenizer: Any | None, data: AsrDatasetConfig | None) -> None:
@@ -353,84 +321,88 @@ def _write_whisper(model: Any, folder: str, tokenizer: Any | None, data: AsrData
             json.dump(extractor, f, indent=2, sort_keys=True)
 
 
-def whisper_exporter(path: str, *, tokenizer: Any | None, data: AsrDatasetConfig | None) -> Exporter:
-    """An ``export(model, subfolder)`` writing :func:`export_whisper` folders at ``path`` (``step-N`` under it)."""
-
-    def export(model: Any, subfolder: str | None) -> dict[str, str]:
-        where = resolve_path(path if subfolder is None else f"{path}/{subfolder}")
-        return {"hugging face export": export_whisper(model, where, tokenizer=tokenizer, data=data)}
-
-    return export
-
-
-def train_speech_model(config: TaskRunConfig, recipe: AsrRecipe, startup: Startup) -> TrainResult:
-    """Train the recipe's Whisper model on ``config.data`` (an ``AsrDatasetConfig``) as ``config.trainer`` says.
-
-    Call :func:`~ponente.trainer.run.start_run` first. The config's ``model`` section records the model config.
+class AsrTask(Task):
+    """Train a Whisper model for speech recognition (a ``TrainAsrConfig``: Levanter's ``train_asr`` keys).
 
     Args:
-        config: the entry point's resolved configuration.
-        recipe: what the entry point trains and exports.
-        startup: the start-up timing of this process.
-
-    Returns:
-        What the run produced.
+        config: the configuration (``data``: an ``AsrDatasetConfig``, ``model``: a ``WhisperConfig``,
+            ``initialize_from_hf``, ``use_hf_model_config``, ``hf_save_path``, ``hf_save_steps``, ``wer``, ...); the
+            task's :attr:`config` is it with ``model`` the model as trained (the checkpoint's config when
+            ``initialize_from_hf`` is set, unless ``use_hf_model_config: false``).
 
     Raises:
-        ValueError: for data that do not fit the model (naming the keys), or a configuration that cannot run.
-        FileNotFoundError: if ``trainer.load_checkpoint`` is true and there is no checkpoint.
+        ValueError: if ``data`` names no training data or no tokenizer, or its rows do not fit the model (naming
+            the keys).
     """
-    data: AsrDatasetConfig = config.data
-    model_config = recipe.model_config
-    check_speech_shapes(data, model_config)
-    n_mels, frames, tokens = data.n_mels, data.frames, data.max_label_tokens
 
-    def build(key: Any) -> Any:
-        return model_config.build(key=key)
+    def __init__(self, config: Any) -> None:
+        check_training_data(config.data, hint="the packaged example: --config_path whisper_tiny_digits")
+        config.data.the_tokenizer  # noqa: B018  (fails early, naming data.tokenizer)
+        model_config: WhisperConfig = config.model
+        if config.initialize_from_hf and config.use_hf_model_config is not False:
+            model_config = hf_whisper_config(config.initialize_from_hf)
+        self.config: TaskConfig = dataclasses.replace(config, model=model_config)
+        self.data: AsrDatasetConfig = config.data
+        self.model_config = model_config
+        check_speech_shapes(self.data, model_config)
+        self.initialize_from_hf: str | None = config.initialize_from_hf
+        self.allow_pickle: bool = config.allow_pickle
+        self.hf_save_path: str | None = config.hf_save_path
+        self.export_every = config.hf_save_steps
+        self.wer: WerConfig = config.wer
 
-    def make_batch(rows: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        return whisper_batch(rows, n_mels, frames)
+    def build_model(self, key: Any) -> Any:
+        """A freshly initialized Whisper model."""
+        return self.model_config.build(key=key)
 
-    def placeholder_rows(count: int) -> dict[str, np.ndarray]:
-        return {
-            "input_features": np.zeros((count, n_mels * frames), dtype=np.float32),
-            "input_ids": np.zeros((count, tokens), dtype=np.int32),
-            "loss_mask": np.zeros((count, tokens), dtype=np.int32),
-        }
-
-    def datasets(seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
-        return data.train_set(seed=seed, batch_size=batch_size), dict(data.validation_sets())
-
-    def pretrained(mp: Any) -> Any:
+    def pretrained_model(self, mp: Any) -> Any | None:
+        """The weights of ``initialize_from_hf`` in ``mp``'s parameter dtype (None when not set)."""
         from ponente.models.hf import load_whisper_pretrained
 
-        assert recipe.initialize_from_hf is not None
+        if not self.initialize_from_hf:
+            return None
         model = load_whisper_pretrained(
-            recipe.initialize_from_hf, allow_pickle=recipe.allow_pickle, config=model_config
+            self.initialize_from_hf, allow_pickle=self.allow_pickle, config=self.model_config
         )
         return mp.cast_to_param(model)
 
-    def evaluator(trainer: Trainer, validation: Mapping[str, Any], max_batches: int | None, ctx: RunContext) -> Any:
+    def loss(self, model: Any, batch: Any, *, key: Any) -> Any:
+        """The transcript's next-token loss (:func:`whisper_loss`)."""
+        return whisper_loss(model, batch, key=key)
+
+    def make_batch(self, rows: Mapping[str, np.ndarray]) -> Any:
+        """Rows of features and tokens to the named Whisper batch (:func:`whisper_batch`)."""
+        return whisper_batch(rows, self.data.n_mels, self.data.frames)
+
+    def placeholder_rows(self, count: int) -> dict[str, np.ndarray]:
+        """Zeros in the layout of ``count`` rows of ``AsrExampleDataset``."""
+        data = self.data
+        return {
+            "input_features": np.zeros((count, data.n_mels * data.frames), dtype=np.float32),
+            "input_ids": np.zeros((count, data.max_label_tokens), dtype=np.int32),
+            "loss_mask": np.zeros((count, data.max_label_tokens), dtype=np.int32),
+        }
+
+    def datasets(self, seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
+        """The training clips of ``data`` and its validation sets."""
+        return self.data.train_set(seed=seed, batch_size=batch_size), dict(self.data.validation_sets())
+
+    def evaluator(self, context: RunContext) -> Evaluator:
+        """The loss and the greedy WER of each validation set (:class:`SpeechEvaluator`)."""
+        trainer = context.trainer
         return SpeechEvaluator(
             trainer,
-            validation,
-            max_batches,
-            data=data,
-            wer=recipe.wer,
-            eval_model=ctx.eval_model,
-            run_dir=ctx.record.run_dir,
+            context.validation,
+            trainer.config.max_eval_batches,
+            data=self.data,
+            wer=self.wer,
+            eval_model=context.eval_model,
+            run_dir=context.record.run_dir,
         )
 
-    task = RunTask(
-        model_config=model_config,
-        build=build,
-        loss_fn=whisper_loss,
-        make_batch=make_batch,
-        placeholder_rows=placeholder_rows,
-        datasets=datasets,
-        pretrained=pretrained if recipe.initialize_from_hf else None,
-        evaluator=evaluator,
-        export=recipe.export,
-        export_every=recipe.export_every,
-    )
-    return run_task(config, task, startup)
+    def export(self, model: Any, subfolder: str | None) -> dict[str, str]:
+        """A Whisper folder at ``hf_save_path`` (``step-N`` under it during the run), when set."""
+        if not self.hf_save_path:
+            return {}
+        where = resolve_path(self.hf_save_path if subfolder is None else f"{self.hf_save_path}/{subfolder}")
+        return {"hugging face export": export_whisper(model, where, tokenizer=self.data.the_tokenizer, data=self.data)}

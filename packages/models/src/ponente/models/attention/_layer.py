@@ -1,4 +1,4 @@
-"""Attention shared by the model zoo: masks (causal, sliding window, segments) and grouped-query attention."""
+"""The attention layer of the zoo (:class:`Attention`), the dispatch to a backend, and attention over a cache."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import jax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear
 
-from .attention_backends import ATTENTION_BACKENDS, AttentionCall, check_backend_name, resolve_backend
-from .attention_mask import AttentionMask
+from ..remat import tag
+from ..rotary import RotaryConfig, apply_rotary
+from ._mask import AttentionMask
+from .backends import ATTENTION_BACKENDS, AttentionCall, check_backend_name, resolve_backend
 from .kv_cache import CACHE_POSITION, KvCache, cached_attention
-from .reference_attention import KEY_POSITION, dot_product_attention
-from .remat import tag
-from .rotary import RotaryConfig, apply_rotary
+from .reference import KEY_POSITION, dot_product_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -47,7 +47,7 @@ def attention(
 
     Every backend has the contract of :func:`dot_product_attention` (named axes, grouped-query
     attention by broadcasting extra query axes, batch axes anywhere). The backends, what each supports
-    and where it runs are listed in :mod:`ponente.models.attention_backends`; ``"auto"`` picks, from the
+    and where it runs are listed in :mod:`ponente.models.attention.backends`; ``"auto"`` picks, from the
     device and the call's static facts (dtype, shapes, mask features, soft cap), the fastest backend that
     supports the call.
 
@@ -60,7 +60,7 @@ def attention(
         mask: an :class:`AttentionMask`, an explicit boolean mask (``"reference"`` and ``"xla"`` only), or None.
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
         backend: ``"auto"``, ``"reference"`` (:func:`dot_product_attention`, materializes the scores),
-            ``"flash"`` (:func:`~ponente.models.flash_attention.flash_attention`, blockwise, O(seq * block)
+            ``"flash"`` (:func:`~ponente.models.attention.flash.flash_attention`, blockwise, O(seq * block)
             memory), ``"xla"`` or ``"cudnn"`` (``jax.nn.dot_product_attention``) or ``"pallas"`` (JAX's
             Pallas kernels on GPU/TPU).
         block_size: the tile size over positions of ``"flash"`` (and of ``"pallas"`` on GPU).
@@ -265,16 +265,17 @@ def decode_attention(
 ) -> NamedArray:
     """The attention of a layer's ``decode``: queries over the cache (already updated with their keys and values).
 
-    One-token steps (and an unmarked cache) attend over the slots (:func:`~ponente.models.kv_cache.cached_attention`).
-    On a prefill (a cache marked by :meth:`~ponente.models.kv_cache.KvCache.for_prefill`) the ``n`` queries attend
-    causally (within ``window``) over the first ``n`` slots alone, the keys they have just written, through
-    :func:`attention` with the forward pass's ``backend`` (``"auto"``: the fastest for the call, e.g. the blockwise
-    ``flash`` kernel on long prompts); ``pos_ids`` must then be ``0 .. n - 1`` on every row.
+    One-token steps (and an unmarked cache) attend over the slots
+    (:func:`~ponente.models.attention.kv_cache.cached_attention`). On a prefill (a cache marked by
+    :meth:`~ponente.models.attention.kv_cache.KvCache.for_prefill`) the ``n`` queries attend causally (within
+    ``window``) over the first ``n`` slots alone, the keys they have just written, through :func:`attention` with the
+    forward pass's ``backend`` (``"auto"``: the fastest for the call, e.g. the blockwise ``flash`` kernel on long
+    prompts); ``pos_ids`` must then be ``0 .. n - 1`` on every row.
 
     Args:
         HeadSize: the contracted per-head axis.
         query: ``(batch..., position, heads..., head_size)``.
-        cache: this layer's cache (or a view of it, :meth:`~ponente.models.kv_cache.KvCache.at_layer`).
+        cache: this layer's cache (or a view of it, :meth:`~ponente.models.attention.kv_cache.KvCache.at_layer`).
         pos_ids: the queries' positions over ``(batch..., position)``.
         window: how many keys (the query's own included) each query sees; None: all earlier ones.
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).

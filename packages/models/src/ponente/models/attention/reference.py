@@ -12,7 +12,7 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import attention as hattn
 
-from .attention_mask import AttentionMask
+from ._mask import AttentionMask
 
 __all__ = ["KEY_POSITION", "dot_product_attention", "reference_attention", "soft_capped_attention"]
 

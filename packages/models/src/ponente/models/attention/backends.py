@@ -2,7 +2,7 @@
 
 :data:`BACKENDS` maps a name to an :class:`AttentionBackend`: the function that computes attention (all with the
 contract of :func:`~ponente.models.attention.attention`) and a ``supports`` check that says, from the static
-facts of a call (:class:`~ponente.models.attention_call.AttentionCall`: device, dtype, shapes, mask features),
+facts of a call (:class:`~ponente.models.attention.backends.AttentionCall`: device, dtype, shapes, mask features),
 whether the backend computes it, or why not.
 
 =============  ==========  =======  =====  ========  ========  ========  =========================================
@@ -34,12 +34,12 @@ from typing import Protocol
 
 from ponente.namedtensor import Axis, NamedArray
 
-from .attention_call import AttentionCall
-from .attention_mask import AttentionMask
-from .flash_attention import flash_attention
-from .jax_attention import cudnn_attention, cudnn_supports, xla_attention, xla_supports
-from .pallas_attention import pallas_attention, pallas_supports
-from .reference_attention import reference_attention
+from ._call import AttentionCall
+from ._mask import AttentionMask
+from .flash import flash_attention
+from .jax_nn import cudnn_attention, cudnn_supports, xla_attention, xla_supports
+from .pallas import pallas_attention, pallas_supports
+from .reference import reference_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",

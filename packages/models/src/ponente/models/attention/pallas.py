@@ -20,9 +20,9 @@ import jax.numpy as jnp
 
 from ponente.namedtensor import Axis, NamedArray
 
-from .attention_call import AttentionCall
-from .attention_layout import PositionalLayout
-from .attention_mask import AttentionMask
+from ._call import AttentionCall
+from ._layout import PositionalLayout
+from ._mask import AttentionMask
 
 __all__ = ["pallas_attention", "pallas_supports"]
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from ponente.namedtensor import Axis, NamedArray
 
-from .attention_mask import AttentionMask
+from ._mask import AttentionMask
 
 __all__ = ["AttentionCall"]
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
-from .reference_attention import KEY_POSITION
+from .reference import KEY_POSITION
 
 __all__ = ["PositionalLayout"]
 

@@ -1,0 +1,145 @@
+"""The ``data.format`` registry: every shipped and documented data section still loads, flat and nested spellings
+agree, and a new format is one registered class."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+
+from ponente.datacache import TokenizerProcessor
+from ponente.trainer.config import ConfigError, load_config, packaged_config_names, read_config_file
+from ponente.trainer.data import (
+    AsrDatasetConfig,
+    ChatLmDatasetFormat,
+    LMDatasetConfig,
+    LmDatasetFormat,
+    LMMixtureDatasetConfig,
+    SupervisedLmDatasetFormat,
+    TextLmDatasetFormat,
+    build_datasets,
+)
+from ponente.trainer.data.tokens import TokenizerSpec
+
+DOCS = Path(__file__).parents[3] / "docs" / "trainer" / "docs"
+TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    data: LMDatasetConfig | LMMixtureDatasetConfig = dataclasses.field(default_factory=LMDatasetConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpeechRun:
+    data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
+
+
+def _load(data: dict[str, Any], run: type[Any] = _Run) -> Any:
+    return load_config(run, overrides=[f"data={yaml.safe_dump(data, default_flow_style=True, width=10**6)}"]).data
+
+
+# what each packaged config's data section must read as, written out by hand (the flat keys of each file)
+PACKAGED_FORMATS = {
+    "gpt2_nano": TextLmDatasetFormat(),
+    "lora_llama2": TextLmDatasetFormat(),
+    "sft_chat": ChatLmDatasetFormat(messages_field="messages", chat_template=None, mask_inputs=True, pack=True),
+    "tiny_chat": ChatLmDatasetFormat(chat_template="package://ponente.trainer.assets/tiny_chat_template.jinja"),
+}
+
+
+@pytest.mark.parametrize("name", packaged_config_names())
+def test_every_packaged_data_section_loads_unchanged(name: str) -> None:
+    data = read_config_file(name)["data"]
+    if name.startswith("whisper"):
+        assert isinstance(_load(data, _SpeechRun), AsrDatasetConfig)
+        return
+    cfg = _load(data)
+    if name in PACKAGED_FORMATS:
+        assert cfg.format == PACKAGED_FORMATS[name]
+    else:  # the supervised ones: their template, written in the file under data.prompt_template
+        assert cfg.format == SupervisedLmDatasetFormat(output_field="output", prompt_template=data["prompt_template"])
+
+
+def _doc_data_sections() -> list[tuple[str, dict[str, Any]]]:
+    sections = []
+    for page in sorted(DOCS.glob("*.md")):
+        for k, block in enumerate(re.findall(r"```yaml[^\n]*\n(.*?)```", page.read_text(), re.S)):
+            tree = yaml.safe_load(block)
+            if isinstance(tree, dict) and isinstance(tree.get("data"), dict):
+                sections.append((f"{page.name}[{k}]", tree["data"]))
+    return sections
+
+
+@pytest.mark.parametrize(("where", "data"), _doc_data_sections(), ids=[w for w, _ in _doc_data_sections()])
+def test_every_documented_data_section_loads(where: str, data: dict[str, Any]) -> None:
+    cfg = _load(data, _SpeechRun if where.startswith("speech.md") else _Run)
+    if "format" in data:
+        fmt = data["format"]
+        assert cfg.format.choice_name == (fmt if isinstance(fmt, str) else fmt["type"])
+
+
+def test_levanter_nested_format_sections_equal_the_flat_keys() -> None:
+    flat = {"train_urls": ["c.jsonl"], "format": "chat", "messages_field": "conversation", "pack": False}
+    nested = {"train_urls": ["c.jsonl"], "format": {"type": "chat", "messages_field": "conversation", "pack": False}}
+    assert (
+        _load(flat)
+        == _load(nested)
+        == LMDatasetConfig(
+            train_urls=["c.jsonl"], format=ChatLmDatasetFormat(messages_field="conversation", pack=False)
+        )
+    )
+    # a mixture component reads its format the same way
+    mix = _load({"configs": {"a": flat, "b": {"train_urls": ["t.jsonl"]}}, "train_weights": {"a": 1, "b": 1}})
+    assert mix.configs["a"].format == ChatLmDatasetFormat(messages_field="conversation", pack=False)
+    assert mix.configs["b"].format == TextLmDatasetFormat()
+    # a text config of an older file keeps a text_key; the format defaults of the other formats are dropped
+    assert _load({"text_key": "content", "messages_field": "messages", "chat_template": None}).format == (
+        TextLmDatasetFormat(text_key="content")
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"format": {"type": "text", "messages_field": "m"}}, r"^data\.format\.messages_field: not a field of type "),
+        ({"format": "text", "chat_template": "{{ x }}"}, r"^data\.format\.chat_template: not a field of type 'text'"),
+        ({"format": "dpo"}, r"^data\.format\.type: unknown type 'dpo'; known: chat, supervised, text$"),
+        ({"format": {"type": "chat", "pack": False}, "pack": True}, r"^data\.pack: given both flat"),
+    ],
+)
+def test_bad_format_sections_name_the_key(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _load(data)
+
+
+def test_a_new_format_is_one_registered_class(tmp_path: Path) -> None:
+    """A toy format (every record's ``body`` upper-cased), registered like ``preference_chat`` would be."""
+
+    @LmDatasetFormat.register_subclass("shouted")
+    @dataclasses.dataclass(frozen=True)
+    class ShoutedFormat(TextLmDatasetFormat):
+        has_loss_mask: ClassVar[bool] = False
+        text_key: str = "body"
+
+        def processor(self, tokens: TokenizerSpec) -> TokenizerProcessor:
+            return TokenizerProcessor(tokens.tokenizer, text_key=self.text_key, eos=tokens.eos)
+
+    try:
+        (tmp_path / "t.jsonl").write_text('{"body": "to be or not to be, that is the question"}\n' * 4)
+        cfg = _load({"train_urls": [str(tmp_path / "t.jsonl")], "tokenizer": TOKENIZER, "format": "shouted"})
+        assert cfg.format == ShoutedFormat()
+        cfg = dataclasses.replace(cfg, cache_dir=str(tmp_path / "cache"), workers=0)
+        built = build_datasets(cfg, 8, seed=0)
+        assert built.train is not None
+        built.train.wait_for_length(None)
+        ids = built.tokenizer.encode("to be or not to be, that is the question").ids
+        assert built.train[0]["input_ids"].tolist() == ids[:8]
+        assert built.validation == {}
+        assert built.vocab_size == built.tokenizer.get_vocab_size(with_added_tokens=True)
+    finally:
+        LmDatasetFormat._registry().pop("shouted")
