@@ -17,24 +17,16 @@ tokens, which makes models with different tokenizers comparable.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
-from typing import Any, Literal
-
-import numpy as np
+from typing import Literal
 
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, train_set, validation_sets
 from ponente.trainer.main.export_lm_to_hf import training_config_keys
-from ponente.trainer.run import (
-    check_run_inputs,
-    find_checkpoint,
-    load_model_from_checkpoint,
-    parse_run_command_line,
-    run_cli,
-)
+from ponente.trainer.run import check_run_inputs, find_checkpoint, load_model_of, parse_run_command_line, run_cli
+from ponente.trainer.tasks.lm_eval import EvalResult, evaluate_lm
 
-__all__ = ["EvalLmConfig", "EvalResult", "eval_lm", "main", "token_byte_lengths"]
+__all__ = ["EvalLmConfig", "eval_lm", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,116 +60,26 @@ class EvalLmConfig:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-    """Evaluation of one dataset.
-
-    Attributes:
-        loss: mean next-token loss in nats.
-        perplexity: ``exp(loss)``.
-        bits_per_byte: summed loss in bits over the UTF-8 bytes of the predicted tokens.
-        tokens: predicted tokens counted.
-        bytes: their UTF-8 bytes.
-    """
-
-    loss: float
-    perplexity: float
-    bits_per_byte: float
-    tokens: int
-    bytes: int
-
-
-def token_byte_lengths(tokenizer: Any, vocab_size: int) -> np.ndarray:
-    """The number of UTF-8 bytes each token id stands for (0 for special tokens and padding ids).
-
-    Byte-level BPE tokens spell one byte per character of their vocabulary string; other tokenizers are
-    asked to decode each id.
-
-    Args:
-        tokenizer: a ``tokenizers.Tokenizer``.
-        vocab_size: the length of the table (ids past the tokenizer's vocabulary get 0).
-
-    Returns:
-        An int32 array of length ``vocab_size``.
-    """
-    from tokenizers import pre_tokenizers
-
-    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-    byte_level = isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel)
-    lengths = np.zeros(vocab_size, np.int32)
-    for i in range(min(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))):
-        token = tokenizer.id_to_token(i)
-        if token is None or token in special:
-            continue
-        lengths[i] = len(token) if byte_level else len(tokenizer.decode([i]).encode("utf-8"))
-    return lengths
-
-
-def _load_model(config: EvalLmConfig, checkpoint: str | None, vocab_size: int) -> Any:
-    if checkpoint is None:
-        from ponente.models.hf import load_pretrained
-
-        assert config.hf_checkpoint is not None  # checked in __post_init__
-        return load_pretrained(config.hf_checkpoint)
-    return load_model_from_checkpoint(config.model, vocab_size, checkpoint)
-
-
 def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
-    """Evaluate as configured; returns the results by dataset name.
+    """Evaluate as configured (:func:`~ponente.trainer.tasks.lm_eval.evaluate_lm`); returns the results by dataset.
 
     Raises:
         FileNotFoundError: if there is no committed checkpoint at ``checkpoint_path`` (checked first).
         ConfigError: if ``model`` does not describe the checkpoint (names the parameter and both shapes).
     """
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
-
-    from ponente.models import compute_next_token_loss
-    from ponente.trainer.data import batch_for_step
-    from ponente.trainer.tasks.lm import lm_batch, lm_example
-
-    checkpoint = find_checkpoint(config.checkpoint_path) if config.checkpoint_path is not None else None
-    data = config.data
-    model = _load_model(config, checkpoint, data.the_vocab_size)
-    byte_table = jnp.asarray(token_byte_lengths(data.the_tokenizer, model.Vocab.size))
+    if config.checkpoint_path is not None:
+        find_checkpoint(config.checkpoint_path)
+    model = load_model_of(config)
     seq_len = model.config.seq_len
     if config.split == "validation":
-        datasets = validation_sets(data, seq_len)
+        datasets = validation_sets(config.data, seq_len)
         if not datasets:
             raise ValueError("data.validation_urls: no validation data to evaluate (or pass --split train)")
     else:
-        datasets = {"train": train_set(data, seq_len, seed=0)}
-
-    @eqx.filter_jit
-    def batch_sums(model: Any, batch: dict[str, Any]) -> tuple[jax.Array, jax.Array, jax.Array]:
-        example = lm_example(batch)
-        losses = compute_next_token_loss(model, example, reduction="none").array
-        mask = example.loss_mask.array
-        targets = jnp.roll(batch["input_ids"].array, -1, axis=-1)
-        return jnp.sum(losses), jnp.sum(mask), jnp.sum(mask * byte_table[targets])
-
-    results = {}
-    for name, dataset in datasets.items():
-        dataset.wait_for_length(None)
-        num = len(dataset) // config.batch_size
-        if config.max_batches is not None:
-            num = min(num, config.max_batches)
-        if num == 0:
-            raise ValueError(f"{name}: fewer than batch_size={config.batch_size} rows of {seq_len} tokens")
-        nats = tokens = nbytes = 0.0
-        for step in range(num):
-            sums = batch_sums(model, lm_batch(batch_for_step(dataset, step, config.batch_size)))
-            nats, tokens, nbytes = (a + float(b) for a, b in zip((nats, tokens, nbytes), sums, strict=True))
-        loss = nats / tokens
-        results[name] = EvalResult(
-            loss=loss,
-            perplexity=math.exp(loss),
-            bits_per_byte=nats / math.log(2) / nbytes,
-            tokens=int(tokens),
-            bytes=int(nbytes),
-        )
-    return results
+        datasets = {"train": train_set(config.data, seq_len, seed=0)}
+    return evaluate_lm(
+        model, datasets, config.data.the_tokenizer, batch_size=config.batch_size, max_batches=config.max_batches
+    )
 
 
 def _main(argv: Sequence[str]) -> int:

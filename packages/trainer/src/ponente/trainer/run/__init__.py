@@ -16,8 +16,8 @@ processes), ``_pretrained`` (Hugging Face weights), ``_restore`` (resume or init
 over the loader), ``_evaluation`` (:class:`Evaluator`), ``_export``, ``_result`` (final checkpoint, trackers'
 summary, outputs, :class:`TrainResult` and its exit code). The tools that
 read a finished run (``export_lm_to_hf``, ``eval_lm``, ``viz_logprobs``) use :func:`parse_run_command_line` and
-:func:`load_model_from_checkpoint`. Heavy imports (JAX, models) happen inside the functions, so importing this
-package is cheap for entry points that never touch a device (``cache_dataset``).
+:func:`load_model_of` (a Hugging Face folder or a checkpoint). Heavy imports (JAX, models) happen inside the
+functions, so importing this package is cheap for entry points that never touch a device (``cache_dataset``).
 """
 
 from ._cli import check_inputs, command_line_main, parse_command_line, print_versions, run_cli
@@ -27,7 +27,7 @@ from ._evaluation import Evaluator, eval_batches
 from ._export import export_folder, export_hf
 from ._pretrained import hf_model_config, hf_vocab_size, load_hf_weights
 from ._provenance import config_differences
-from ._restore import find_checkpoint, load_model_from_checkpoint
+from ._restore import ModelSource, find_checkpoint, load_model_from_checkpoint, load_model_of
 from ._result import PREEMPTED_EXIT_CODE, TrainResult, resolve_path, stop_exit_code
 from ._run import Run, start_run
 from ._run_config import check_run_inputs, parse_run_command_line
@@ -39,6 +39,7 @@ from ._viz_logprobs import VizLogprobsConfig, logprob_pages
 __all__ = [
     "PREEMPTED_EXIT_CODE",
     "Evaluator",
+    "ModelSource",
     "Run",
     "RunContext",
     "SampleConfig",
@@ -60,6 +61,7 @@ __all__ = [
     "hf_vocab_size",
     "load_hf_weights",
     "load_model_from_checkpoint",
+    "load_model_of",
     "logprob_pages",
     "pad_vocab_for_partitioning",
     "parse_command_line",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._provenance import config_differences
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ponente.trainer.checkpoint import Checkpointer
     from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["find_checkpoint", "load_model_from_checkpoint", "restore"]
+__all__ = ["ModelSource", "find_checkpoint", "load_model_from_checkpoint", "load_model_of", "restore"]
 
 logger = logging.getLogger("ponente.trainer.run")
 
@@ -140,6 +140,37 @@ def _check_resume(source: str, tcfg: TrainerConfig, provenance: Mapping[str, Any
         logger.info("resuming with changed config keys: %s", ", ".join(other))
     step = metadata.get("step")
     return step if isinstance(step, int) else 0
+
+
+class ModelSource(Protocol):
+    """The keys of a tool that reads a model (``eval_lm``, ``viz_logprobs``): exactly one of the two checkpoints."""
+
+    @property
+    def data(self) -> Any: ...  # LMDatasetConfig | LMMixtureDatasetConfig (its ``the_vocab_size``)
+    @property
+    def model(self) -> LmConfig: ...
+    @property
+    def checkpoint_path(self) -> str | None: ...
+    @property
+    def hf_checkpoint(self) -> str | None: ...
+
+
+def load_model_of(config: ModelSource) -> Any:
+    """The model of ``config.hf_checkpoint`` (a Hugging Face folder), else of the training checkpoint
+    ``config.checkpoint_path`` read as ``config.model`` with ``config.data``'s vocabulary size
+    (:func:`load_model_from_checkpoint`).
+
+    Raises:
+        FileNotFoundError: if there is no committed checkpoint at ``checkpoint_path``.
+        ConfigError: if ``model`` does not describe the checkpoint (names the parameter and both shapes).
+    """
+    if config.hf_checkpoint is not None:
+        from ponente.models.hf import load_pretrained
+
+        return load_pretrained(config.hf_checkpoint)
+    if config.checkpoint_path is None:
+        raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
+    return load_model_from_checkpoint(config.model, config.data.the_vocab_size, config.checkpoint_path)
 
 
 def load_model_from_checkpoint(model_config: LmConfig, vocab_size: int | None, checkpoint_path: str) -> Any:

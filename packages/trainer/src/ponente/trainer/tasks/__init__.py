@@ -10,6 +10,9 @@ checkpoints, hooks, signals). The tasks:
 - :mod:`ponente.trainer.tasks.lora`: :class:`LoraTask`, LoRA adapters of a Hugging Face checkpoint (``lora_lm``);
 - :mod:`ponente.trainer.tasks.asr`: :class:`AsrTask`, Whisper speech recognition (``train_asr``).
 
+:mod:`ponente.trainer.tasks.lm_eval` evaluates a finished language model on LM batches (``eval_lm``: loss,
+perplexity, bits per byte).
+
 A new kind of training (preference tuning, RL, ...) is one new module with one subclass of
 :class:`~ponente.trainer.run.Task` (see the docs page "Adding a task").
 """
