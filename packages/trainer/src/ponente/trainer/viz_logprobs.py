@@ -17,10 +17,12 @@ The entry point ``ponente-viz-logprobs`` (:mod:`ponente.trainer.main.viz_logprob
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import html
 import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -36,6 +38,8 @@ __all__ = [
     "LOGPROB_FLOOR",
     "DocumentLogprobs",
     "document_logprobs",
+    "document_rows",
+    "read_documents",
     "render_page",
     "token_texts",
     "validation_rows",
@@ -145,6 +149,56 @@ def document_logprobs(
                 )
             )
     return documents
+
+
+def read_documents(path: str, text_key: str, limit: int) -> list[str]:
+    """The ``text_key`` field of the first ``limit`` records of a jsonl file (``.gz`` read compressed).
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: naming the file and line, for a line that is not a JSON object with a string ``text_key``.
+    """
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    texts: list[str] = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if len(texts) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+                raise ValueError(f"{path}:{number}: expected a JSON object with a string field {text_key!r}")
+            texts.append(record[text_key])
+    if not texts:
+        raise ValueError(f"documents: {path} has no records")
+    return texts
+
+
+def document_rows(
+    path: str, text_key: str, limit: int, tokenizer: Any, *, max_length: int
+) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+    """The first ``limit`` documents of a jsonl file (:func:`read_documents`) as rows to draw, and their names.
+
+    Each document is tokenized as the tokenizer's own post-processor says (e.g. with a BOS token) and cut to
+    ``max_length`` tokens; a document that tokenizes to nothing is left out.
+
+    Raises:
+        ValueError: if every record tokenizes to nothing (naming the file), or as :func:`read_documents`.
+    """
+    rows: list[dict[str, np.ndarray]] = []
+    names: list[str] = []
+    for i, text in enumerate(read_documents(path, text_key, limit)):
+        ids = tokenizer.encode(text).ids[:max_length]
+        if ids:
+            rows.append({"input_ids": np.asarray(ids, np.int32)})
+            names.append(f"{Path(path).name} record {i}")
+    if not rows:
+        raise ValueError(f"documents: nothing to draw: every record of {path} tokenizes to nothing")
+    return rows, names
 
 
 def validation_rows(datasets: Mapping[str, Any], count: int) -> tuple[list[dict[str, np.ndarray]], list[str]]:

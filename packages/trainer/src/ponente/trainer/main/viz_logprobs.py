@@ -16,19 +16,15 @@ where ``run.yaml`` holds the run's ``data:`` and ``model:`` sections. See ``docs
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ponente.models import Gpt2Config, LmConfig
 from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, validation_sets
-from ponente.trainer.run import load_model_from_checkpoint, parse_command_line, run_cli
+from ponente.trainer.run import load_model_of, parse_command_line, run_cli
 
-__all__ = ["VizLmConfig", "main", "read_documents", "viz_logprobs"]
+__all__ = ["VizLmConfig", "main", "viz_logprobs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,33 +71,6 @@ class VizLmConfig:
             raise ValueError("output: required (the HTML file to write)")
 
 
-def read_documents(path: str, text_key: str, limit: int) -> list[str]:
-    """The ``text_key`` field of the first ``limit`` records of a jsonl file (``.gz`` read compressed).
-
-    Raises:
-        FileNotFoundError: if ``path`` does not exist.
-        ValueError: naming the file and line, for a line that is not a JSON object with a string ``text_key``.
-    """
-    opener: Any = gzip.open if path.endswith(".gz") else open
-    texts: list[str] = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if len(texts) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                raise ValueError(f"{path}:{number}: expected a JSON object with a string field {text_key!r}")
-            texts.append(record[text_key])
-    if not texts:
-        raise ValueError(f"documents: {path} has no records")
-    return texts
-
-
 def _tokenizer(config: VizLmConfig) -> Any:
     from ponente.datacache import load_tokenizer
     from ponente.trainer.data import resolve_url
@@ -113,15 +82,6 @@ def _tokenizer(config: VizLmConfig) -> Any:
     return config.data.the_tokenizer
 
 
-def _load_model(config: VizLmConfig) -> Any:
-    if config.hf_checkpoint is not None:
-        from ponente.models.hf import load_pretrained
-
-        return load_pretrained(config.hf_checkpoint)
-    assert config.checkpoint_path is not None  # checked in __post_init__
-    return load_model_from_checkpoint(config.model, config.data.the_vocab_size, config.checkpoint_path)
-
-
 def viz_logprobs(config: VizLmConfig) -> str:
     """Draw the page as configured; returns where it was written.
 
@@ -129,22 +89,20 @@ def viz_logprobs(config: VizLmConfig) -> str:
         ValueError: if there are no documents (no validation data or no validation token, a jsonl file without
             records or whose records all tokenize to nothing).
     """
-    from ponente.trainer.viz_logprobs import document_logprobs, render_page, validation_rows, write_page
+    from ponente.trainer.viz_logprobs import (
+        document_logprobs,
+        document_rows,
+        render_page,
+        validation_rows,
+        write_page,
+    )
 
     tokenizer = _tokenizer(config)
-    model = _load_model(config)
+    model = load_model_of(config)
     length = config.max_length or model.config.seq_len
-    rows: list[dict[str, np.ndarray]] = []
-    names: list[str] = []
     if config.documents is not None:
         text_key = getattr(getattr(config.data, "format", None), "text_key", "text")
-        for i, text in enumerate(read_documents(config.documents, text_key, config.num_docs)):
-            ids = tokenizer.encode(text).ids[:length]
-            if ids:
-                rows.append({"input_ids": np.asarray(ids, np.int32)})
-                names.append(f"{Path(config.documents).name} record {i}")
-        if not rows:
-            raise ValueError(f"documents: nothing to draw: every record of {config.documents} tokenizes to nothing")
+        rows, names = document_rows(config.documents, text_key, config.num_docs, tokenizer, max_length=length)
     else:
         datasets = validation_sets(config.data, length)
         if not datasets:
