@@ -15,11 +15,13 @@ One engine serves the sampler (``ponente-sample-lm``), the server, the evaluatio
 - ``_text``: incremental decoding with stop strings (the deltas a stream sends).
 - ``_engine``: :class:`Engine`: buckets, the compiled prefill and decode step, the host loop.
 - ``_load``: :func:`load_model` from a Hugging Face folder or a Ponente checkpoint.
+- ``_records``: :func:`read_prompts` from a jsonl file, :func:`complete_records`, :func:`write_records`.
 """
 
 from ._config import Completion, FinishReason, GenerationConfig
 from ._engine import Engine, TokenCallback
 from ._load import eos_token_ids, load_model
+from ._records import complete_records, read_prompts, write_records
 from ._sampling import SamplingParams, sample_next
 
 __all__ = [
@@ -29,7 +31,10 @@ __all__ = [
     "GenerationConfig",
     "SamplingParams",
     "TokenCallback",
+    "complete_records",
     "eos_token_ids",
     "load_model",
+    "read_prompts",
     "sample_next",
+    "write_records",
 ]

@@ -124,6 +124,18 @@ class Engine:
         self.steps_per_call = steps_per_call
         self.vocab_size = _real_vocab_size(model, tokenizer, vocab_size)
 
+    @classmethod
+    def data_parallel(cls, model: Any, tokenizer: Any = None, **kwargs: Any) -> Engine:
+        """An engine whose batch is split over every device (a ``data`` mesh axis); on one device, no mesh.
+
+        ``kwargs`` are the other arguments of :class:`Engine` (``max_batch_size``, ``max_seq_len``, ...).
+        """
+        if jax.device_count() == 1:
+            return cls(model, tokenizer, **kwargs)
+        from ponente.namedtensor.partitioning import make_mesh
+
+        return cls(model, tokenizer, axis_mapping={"batch": "data"}, mesh=make_mesh({"data": -1}), **kwargs)
+
     @property
     def Vocab(self) -> Axis:
         """The model's vocabulary axis."""

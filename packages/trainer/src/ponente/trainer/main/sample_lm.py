@@ -17,17 +17,21 @@ batch is split over them (data parallel).
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
-import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
-from ponente.trainer.inference import Completion, Engine, GenerationConfig, eos_token_ids, load_model
+from ponente.trainer.inference import (
+    Engine,
+    GenerationConfig,
+    complete_records,
+    eos_token_ids,
+    load_model,
+    read_prompts,
+    write_records,
+)
 from ponente.trainer.run import parse_command_line, print_versions, run_cli
 
-__all__ = ["SampleLmConfig", "main", "read_prompts", "sample_lm"]
+__all__ = ["SampleLmConfig", "main", "sample_lm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,83 +102,29 @@ class SampleLmConfig:
         )
 
 
-def read_prompts(config: SampleLmConfig) -> list[dict[str, Any]]:
-    """The input records: ``{"prompt": text}`` per command-line prompt, or the jsonl file's records.
-
-    Raises:
-        FileNotFoundError: if ``prompts_file`` does not exist.
-        ValueError: naming the file and line of a record that is not a JSON object with a string prompt.
-    """
-    field = config.prompt_field
-    if config.prompts_file is None:
-        return [{field: p} for p in config.prompts]
-    path = Path(config.prompts_file)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts_file: {path} does not exist")
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"prompts_file: {path}:{number}: not JSON ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(field), str):
-            raise ValueError(f"prompts_file: {path}:{number}: expected an object with a string {field!r} field")
-        records.append(record)
-    return records
-
-
 def sample_lm(config: SampleLmConfig) -> Iterator[dict[str, Any]]:
     """Generate as configured; yields one output record per prompt, in order, as batches finish."""
-    import jax
-
-    from ponente.namedtensor.partitioning import make_mesh
-
-    records = read_prompts(config)
+    field = config.prompt_field
+    if config.prompts_file is None:
+        records = [{field: p} for p in config.prompts]
+    else:
+        records = read_prompts(config.prompts_file, field)
     path = config.hf_checkpoint if config.hf_checkpoint is not None else config.checkpoint_path
     assert path is not None  # checked in __post_init__
     model, tokenizer = load_model(path, vocab_size=config.vocab_size, tokenizer=config.tokenizer)
     stops = eos_token_ids(path) if config.stop_at_eos and config.hf_checkpoint is not None else ()
-    mesh = make_mesh({"data": -1}) if jax.device_count() > 1 else None
-    engine = Engine(
-        model,
-        tokenizer,
-        max_batch_size=config.max_batch_size,
-        max_seq_len=config.max_seq_len,
-        axis_mapping={"batch": "data"} if mesh is not None else None,
-        mesh=mesh,
+    engine = Engine.data_parallel(
+        model, tokenizer, max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len
     )
     generation = config.generation_config(stops)
-    bar = _progress(len(records), config.progress_bar)
-    started, tokens = time.perf_counter(), 0
-    for start in range(0, len(records), config.max_batch_size):
-        chunk = records[start : start + config.max_batch_size]
-        done = engine.generate([r[config.prompt_field] for r in chunk], generation)
-        for record, completion in zip(chunk, done, strict=True):
-            tokens += len(completion.tokens)
-            yield _output_record(record, completion)
-        if bar is not None:
-            bar.update(len(chunk))
-            bar.set_postfix(tokens_per_s=f"{tokens / max(time.perf_counter() - started, 1e-9):.1f}")
-    if bar is not None:
-        bar.close()
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="prompt", file=sys.stderr, desc="sample-lm")
-
-
-def _output_record(record: dict[str, Any], completion: Completion) -> dict[str, Any]:
-    out = dict(record)
-    out.update(completion=completion.text, finish_reason=completion.finish_reason, tokens=completion.tokens)
-    if completion.logprobs is not None:
-        out["logprobs"] = completion.logprobs
-    return out
+    yield from complete_records(
+        engine,
+        records,
+        generation,
+        prompt_field=field,
+        batch_size=config.max_batch_size,
+        progress_bar=config.progress_bar,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,14 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_versions()
             return 0
         config = parse_command_line(SampleLmConfig, args, prog="ponente-sample-lm")
-        out = open(config.output, "w", encoding="utf-8") if config.output else sys.stdout  # noqa: SIM115
-        try:
-            for record in sample_lm(config):
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                out.flush()
-        finally:
-            if out is not sys.stdout:
-                out.close()
+        write_records(sample_lm(config), config.output)
         return 0
 
     return run_cli(run_main, argv)
