@@ -29,7 +29,7 @@ from ponente.trainer.inference import (
     read_prompts,
     write_records,
 )
-from ponente.trainer.run import parse_command_line, print_versions, run_cli
+from ponente.trainer.run import tool_main
 
 __all__ = ["SampleLmConfig", "main", "sample_lm"]
 
@@ -127,22 +127,17 @@ def sample_lm(config: SampleLmConfig) -> Iterator[dict[str, Any]]:
     )
 
 
+def _sample_to_output(config: SampleLmConfig) -> None:
+    write_records(sample_lm(config), config.output)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, generate and write the completions; returns the exit code.
 
     Errors print one line ``error: <message>`` on stderr (exit status 2 for a configuration error, 1 for another;
     ``--debug`` adds the traceback).
     """
-
-    def run_main(args: list[str]) -> int:
-        if "--version" in args:
-            print_versions()
-            return 0
-        config = parse_command_line(SampleLmConfig, args, prog="ponente-sample-lm")
-        write_records(sample_lm(config), config.output)
-        return 0
-
-    return run_cli(run_main, argv)
+    return tool_main(_sample_to_output, SampleLmConfig, argv, prog="ponente-sample-lm")
 
 
 if __name__ == "__main__":

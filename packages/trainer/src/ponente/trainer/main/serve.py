@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ponente.models import LmConfig
-from ponente.trainer.run import parse_command_line, print_versions, run_cli
+from ponente.trainer.run import tool_main
 
 __all__ = ["API_KEY_ENV", "ServeConfig", "build_app", "main"]
 
@@ -103,9 +103,8 @@ def build_app(config: ServeConfig) -> Any:
         ImportError: if the ``serve`` extra is not installed.
         ValueError: naming the key: no tokenizer, a stop token not in the vocabulary, a bad chat template.
     """
-    from ponente.trainer.data.templates import tokenizer_chat_defaults
-    from ponente.trainer.inference import Engine, eos_token_ids, load_model
-    from ponente.trainer.serve import ChatTemplate, ServerLimits, create_app, require_serve_extra
+    from ponente.trainer.inference import eos_token_ids, load_model
+    from ponente.trainer.serve import app_for_model, require_serve_extra, tokenizer_folder
 
     require_serve_extra()
     model, tokenizer = load_model(
@@ -113,48 +112,29 @@ def build_app(config: ServeConfig) -> Any:
     )
     if tokenizer is None:
         raise ValueError(f"tokenizer: {config.source} has no tokenizer.json; pass --tokenizer")
-    engine = Engine(model, tokenizer, max_batch_size=config.max_batch_size, max_seq_len=config.max_seq_len)
-    folder = _tokenizer_folder(config)
-    stops = list(eos_token_ids(config.source)) if config.hf_checkpoint is not None else []
-    eos = None if folder is None else tokenizer_chat_defaults(folder).eos_token
-    if eos is not None and tokenizer.token_to_id(eos) is not None:  # tokenizer_config.json's eos_token
-        stops.append(int(tokenizer.token_to_id(eos)))
-    for token in config.stop_tokens:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is None:
-            raise ValueError(f"stop_tokens: {token!r} is not a token of the tokenizer")
-        stops.append(int(token_id))
-    chat_template = ChatTemplate.load(tokenizer, folder, config.chat_template)
-    if chat_template is None:
-        logger.warning("no chat template (pass --chat_template): /v1/chat/completions will answer 400")
-    limits = ServerLimits(
+    return app_for_model(
+        model,
+        tokenizer,
+        folder=tokenizer_folder(config.tokenizer if config.tokenizer is not None else config.source),
         model_name=config.model_name or Path(config.source.rstrip("/")).name or "ponente",
-        max_seq_len=engine.max_seq_len,
+        eos_ids=eos_token_ids(config.source) if config.hf_checkpoint is not None else (),
+        stop_tokens=config.stop_tokens,
+        chat_template=config.chat_template,
+        max_batch_size=config.max_batch_size,
+        max_seq_len=config.max_seq_len,
         max_tokens=config.max_tokens,
         default_max_tokens=config.default_max_tokens,
-        max_prompts=config.max_batch_size,
-    )
-    api_key = config.api_key if config.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    return create_app(
-        engine,
-        tokenizer,
-        limits=limits,
-        chat_template=chat_template,
-        stop_token_ids=sorted(set(stops)),
-        api_key=api_key,
         max_pending=config.max_pending,
+        api_key=config.api_key if config.api_key is not None else os.environ.get(API_KEY_ENV) or None,
     )
 
 
-def _tokenizer_folder(config: ServeConfig) -> str | None:
-    """The local folder of the tokenizer files (``tokenizer_config.json``, ``chat_template.jinja``), if any."""
-    from ponente.trainer.data import resolve_url
+def _serve(config: ServeConfig) -> None:
+    from ponente.trainer.serve import serve
 
-    spec = config.tokenizer if config.tokenizer is not None else config.source
-    path = Path(resolve_url(spec))
-    if path.is_file():
-        path = path.parent
-    return str(path) if path.is_dir() else None
+    app = build_app(config)
+    logger.info("serving %r on http://%s:%d/v1", app.state.limits.model_name, config.host, config.port)
+    serve(app, host=config.host, port=config.port, log_level=config.log_level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,20 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Errors print one line ``error: <message>`` on stderr (exit status 2 for a configuration error, 1 for another;
     ``--debug`` adds the traceback).
     """
-
-    def run_main(args: list[str]) -> int:
-        if "--version" in args:
-            print_versions()
-            return 0
-        config = parse_command_line(ServeConfig, args, prog="ponente-serve")
-        from ponente.trainer.serve import serve
-
-        app = build_app(config)
-        logger.info("serving %r on http://%s:%d/v1", app.state.limits.model_name, config.host, config.port)
-        serve(app, host=config.host, port=config.port, log_level=config.log_level)
-        return 0
-
-    return run_cli(run_main, argv)
+    return tool_main(_serve, ServeConfig, argv, prog="ponente-serve")
 
 
 if __name__ == "__main__":

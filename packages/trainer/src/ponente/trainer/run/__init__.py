@@ -20,7 +20,7 @@ read a finished run (``export_lm_to_hf``, ``eval_lm``, ``viz_logprobs``) use :fu
 functions, so importing this package is cheap for entry points that never touch a device (``cache_dataset``).
 """
 
-from ._cli import check_inputs, command_line_main, parse_command_line, print_versions, run_cli
+from ._cli import check_inputs, command_line_main, parse_command_line, print_versions, run_cli, tool_main
 from ._data import check_training_data
 from ._eval_harness import eval_harness_hook
 from ._evaluation import Evaluator, eval_batches
@@ -72,4 +72,5 @@ __all__ = [
     "sample_text",
     "start_run",
     "stop_exit_code",
+    "tool_main",
 ]

@@ -28,6 +28,7 @@ __all__ = [
     "parse_command_line",
     "print_versions",
     "run_cli",
+    "tool_main",
 ]
 
 T = TypeVar("T")
@@ -335,5 +336,28 @@ def command_line_main(
             prepare(config)
         check_inputs(config)
         return print_result(train(config))
+
+    return run_cli(main, argv)
+
+
+def tool_main(run: Callable[[T], object], config_class: type[T], argv: Sequence[str] | None, *, prog: str) -> int:
+    """The ``main`` of a tool that reads a model (``sample_lm``, ``serve``): ``--version``, or parse the config,
+    check its inputs and call ``run(config)``; exit status 0 when it returns.
+
+    Runs in :func:`run_cli` (errors as :func:`command_line_main`'s).
+
+    Args:
+        run: the tool's work, ``run(config)`` (its return value is ignored).
+        config_class: its root config dataclass.
+        argv: the arguments (None: ``sys.argv[1:]``).
+        prog: the program name ``--help`` shows (the console script, e.g. ``ponente-serve``).
+    """
+
+    def main(args: list[str]) -> int:
+        if "--version" in args:
+            print_versions()
+            return 0
+        run(parse_command_line(config_class, args, prog=prog))
+        return 0
 
     return run_cli(main, argv)

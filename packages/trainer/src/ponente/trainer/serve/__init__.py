@@ -22,6 +22,8 @@ server-sent events, ``logprobs``, ``stop``, ``max_tokens``, ``temperature``, ``t
 - ``_chat``: :class:`ChatTemplate`, the tokenizer's chat template rendered as in SFT.
 - ``_scheduler``: :class:`BatchScheduler`, the background thread batching concurrent requests into the engine.
 - ``_app``: :func:`create_app`, the FastAPI app.
+- ``_build``: :func:`app_for_model`, the engine, stop ids (:func:`stop_token_ids`), chat template and limits of
+  a loaded model (``ponente-serve``).
 - ``_server``: uvicorn in the foreground (:func:`serve`) or on a thread (:class:`ServerThread`).
 
 FastAPI and uvicorn are imported only when an app is built or served; without them that raises an ``ImportError``
@@ -29,6 +31,7 @@ naming ``pip install 'ponente-trainer[serve]'``.
 """
 
 from ._app import MAX_BODY_BYTES, create_app, require_serve_extra
+from ._build import app_for_model, stop_token_ids, tokenizer_folder
 from ._chat import ChatTemplate
 from ._protocol import ApiError, GenerationRequest, ServerLimits, error_body, parse_request
 from ._scheduler import BatchScheduler, Job, QueueFullError
@@ -44,10 +47,13 @@ __all__ = [
     "QueueFullError",
     "ServerLimits",
     "ServerThread",
+    "app_for_model",
     "create_app",
     "error_body",
     "free_port",
     "parse_request",
     "require_serve_extra",
     "serve",
+    "stop_token_ids",
+    "tokenizer_folder",
 ]
