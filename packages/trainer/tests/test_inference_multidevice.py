@@ -50,3 +50,16 @@ def test_sharded_generation_equals_one_device(layout: str) -> None:
         assert [c.tokens for c in got] == [c.tokens for c in expected]
         for a, b in zip(got, expected, strict=True):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)  # type: ignore[arg-type]
+
+
+def test_data_parallel_engine_splits_the_batch_and_equals_one_device() -> None:
+    """``Engine.data_parallel`` (``ponente-sample-lm`` with several devices) shards the batch over all 8 devices."""
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    config = LlamaConfig(seq_len=64, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = config.build(hax.Axis("vocab", 97), key=jax.random.PRNGKey(0))
+    parallel = Engine.data_parallel(model, max_batch_size=8)
+    assert parallel.mesh is not None
+    assert parallel.mesh.devices.size == 8
+    generation = GenerationConfig(max_new_tokens=8, temperature=1.0, seed=3)
+    expected = Engine(model, max_batch_size=8).generate(PROMPTS, generation)
+    assert [c.tokens for c in parallel.generate(PROMPTS, generation)] == [c.tokens for c in expected]
