@@ -106,6 +106,7 @@ def _run_arch(rec: Recorder, arch: str, size: str, repeat: int) -> None:
     """Both measurements for one architecture."""
     import torch
 
+    from ponente.models import LmHeadModel
     from ponente.models.hf import load_pretrained
     from ponente.trainer.inference import Engine, GenerationConfig
     from ponente.trainer.sample import sample_tokens
@@ -115,6 +116,8 @@ def _run_arch(rec: Recorder, arch: str, size: str, repeat: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
         model = load_pretrained(folder)
+    if not isinstance(model, LmHeadModel):
+        raise TypeError(f"{arch}: expected a language model, got {type(model).__name__}")
     rng = np.random.RandomState(0)
     extra = {"size": size, "arch": arch, "backend": jax.default_backend(), "torch_threads": torch.get_num_threads()}
 
