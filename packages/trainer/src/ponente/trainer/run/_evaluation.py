@@ -59,7 +59,8 @@ def eval_batches(
 
 
 class Evaluator:
-    """The ``eval_fn`` of :meth:`Trainer.train`: the mean loss on each validation set, ``{"<name>/loss": loss}``.
+    """The ``eval_fn`` of :meth:`Trainer.train`: the mean loss on each validation set, ``{"<name>/loss": loss}``
+    (with ``metrics``, also the loss function's own metrics, ``{"<name>/<metric>": value}``).
 
     The batch size and this process's rows come from the trainer (``per_device_eval_parallelism``); the most
     recent results stay in :attr:`last` for the run's summary.
@@ -69,6 +70,7 @@ class Evaluator:
         datasets: the validation sets by name.
         max_batches: evaluate at most this many batches of each set (None: all).
         make_batch: ``make_batch(rows) -> batch`` (e.g. :meth:`Task.make_batch`).
+        metrics: also report the metrics the loss function returns (weighted as the loss is).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Evaluator:
         max_batches: int | None,
         *,
         make_batch: Callable[[Mapping[str, Any]], Any],
+        metrics: bool = False,
     ) -> None:
         self.trainer = trainer
         self.datasets = dict(datasets)
@@ -85,16 +88,17 @@ class Evaluator:
         self.batch_size: int = trainer.eval_batch_size
         self.rows: slice = trainer.process_batch_rows(self.batch_size)  # like training, each process its own rows
         self.make_batch = make_batch
+        self.metrics = metrics
         self.last: dict[str, float] = {}
 
     def __call__(self, state: TrainerState) -> dict[str, float]:
-        results = {
-            f"{name}/loss": self.trainer.eval_loss(
-                state,
-                eval_batches(ds, self.batch_size, self.max_batches, self.rows, make_batch=self.make_batch),
-                batch_size=self.batch_size,
-            )
-            for name, ds in self.datasets.items()
-        }
+        results: dict[str, float] = {}
+        for name, ds in self.datasets.items():
+            batches = eval_batches(ds, self.batch_size, self.max_batches, self.rows, make_batch=self.make_batch)
+            if self.metrics:
+                values = self.trainer.eval_metrics(state, batches, batch_size=self.batch_size)
+                results.update({f"{name}/{metric}": value for metric, value in values.items()})
+            else:
+                results[f"{name}/loss"] = self.trainer.eval_loss(state, batches, batch_size=self.batch_size)
         self.last = results
         return results

@@ -272,8 +272,8 @@ class LmTask(Task):
         self.initialize_from_hf: str | None = config.initialize_from_hf
         self.allow_pickle: bool = config.allow_pickle
         self.hf_save_path: str | None = getattr(config, "hf_save_path", None)
-        self.viz_logprobs: VizLogprobsConfig | None = config.viz_logprobs
-        self.eval_harness: EvalHarnessConfig | None = config.eval_harness
+        self.viz_logprobs: VizLogprobsConfig | None = getattr(config, "viz_logprobs", None)
+        self.eval_harness: EvalHarnessConfig | None = getattr(config, "eval_harness", None)
 
     def build_model(self, key: Any) -> Any:
         """A freshly initialized model of the padded config."""

@@ -421,19 +421,32 @@ class Trainer:
         Raises:
             ValueError: if there are no batches (or they hold no loss tokens).
         """
+        return self.eval_metrics(state, batches, batch_size=batch_size)["loss"]
+
+    def eval_metrics(
+        self, state: TrainerState, batches: Iterable[Any], *, batch_size: int | None = None
+    ) -> dict[str, float]:
+        """:meth:`eval_loss` (same arguments) with the loss function's own metrics: ``{"loss": ..., name: ...}``,
+        each the mean over ``batches`` weighted as the loss is.
+
+        Raises:
+            ValueError: if there are no batches (or they hold no loss tokens).
+        """
         size = self.eval_batch_size if batch_size is None else batch_size
-        total = weight = 0.0
+        totals: dict[str, float] = {}
+        weight = 0.0
         limit = self.config.max_eval_batches
         with self._on_mesh():
             for i, batch in enumerate(batches):
                 if limit is not None and i >= limit:
                     break
                 weighted, w = self._eval(state.model, *BatchLayout.strip(self.shard_batch(batch, size)))
-                total += float(weighted)
+                for name, value in weighted.items():
+                    totals[name] = totals.get(name, 0.0) + float(value)
                 weight += float(w)
         if weight <= 0:
             raise ValueError("eval_loss: no evaluation batches (or no loss tokens in them)")
-        return total / weight
+        return {name: total / weight for name, total in totals.items()}
 
     # -- stopping ----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:

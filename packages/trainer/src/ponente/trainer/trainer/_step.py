@@ -206,9 +206,10 @@ class TrainStep:
         except KeyError:  # several learning rates in the state: none is "the" learning rate
             return None
 
-    def eval(self, model: Any, arrays: list[Any], layout: BatchLayout) -> tuple[jax.Array, jax.Array]:
-        """The loss of ``model`` on one batch times the batch's weight, and the weight."""
+    def eval(self, model: Any, arrays: list[Any], layout: BatchLayout) -> tuple[dict[str, jax.Array], jax.Array]:
+        """The loss of ``model`` on one batch and the loss function's own metrics, each times the batch's weight
+        (``{"loss": ..., name: ...}``), and the weight."""
         batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
-        loss = _loss_and_metrics(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))[0]
+        loss, extra = _loss_and_metrics(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))
         weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
-        return loss * weight, weight
+        return {name: value * weight for name, value in {**extra, "loss": loss}.items()}, weight
