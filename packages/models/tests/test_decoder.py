@@ -1,8 +1,10 @@
-"""The shared decoder (``ponente.models.decoder``): its families give bitwise the numbers pinned before it existed
+"""The shared decoder (``ponente.models.decoder``): its families give the numbers pinned before it existed
 (when each family had its own block and decode path); its config checks.
 
 The pins are float hex of a tiny model per family (CPU): the next-token loss of a batch, and the sum of the real
-vocabulary's logits after a right-padded prefill and three one-token decode steps.
+vocabulary's logits after a right-padded prefill and three one-token decode steps. They were bitwise equal on the
+machine that recorded them; XLA's CPU kernels round differently on other instruction sets (AVX2 vs AVX-512), so
+they are compared to 1e-5 relative here -- tight enough that a change of formula (a norm, a mask, a rope) fails.
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ def test_loss_and_decoding_equal_the_pins(name: str) -> None:
         pos = hax.named(jnp.array([[6 + s], [4 + s]]), (B, P.resize(1)))
         logits, cache = _decode(model, ids["position", 6 + s : 7 + s], cache, pos)
     loss_hex, step_hex = PINNED[name]
-    assert float(_loss(model, ids)).hex() == loss_hex
-    assert float(np.asarray(logits.array)[..., :53].astype(np.float64).sum()).hex() == step_hex
+    loss = float(_loss(model, ids))
+    step = float(np.asarray(logits.array)[..., :53].astype(np.float64).sum())
+    assert loss == pytest.approx(float.fromhex(loss_hex), rel=1e-5, abs=0), f"{name}: loss {loss.hex()}"
+    assert step == pytest.approx(float.fromhex(step_hex), rel=1e-5, abs=0), f"{name}: decoded logits {step.hex()}"
 
 
 def test_sliding_layers_of_two_window_sizes_are_an_error() -> None:

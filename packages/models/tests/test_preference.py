@@ -132,7 +132,8 @@ def test_metrics_and_first_step_value() -> None:
     assert abs(float(loss) - np.log(2.0)) < 1e-7
     assert float(metrics["dpo_margin_policy"]) == pytest.approx(((-4 + 6) + (-9 + 3)) / 2)
     assert float(metrics["dpo_margin_ref"]) == float(metrics["dpo_margin_policy"])
-    assert float(metrics["dpo_chosen_reward"]) == 0.0 and float(metrics["dpo_accuracy"]) == 0.0
+    assert float(metrics["dpo_chosen_reward"]) == 0.0
+    assert float(metrics["dpo_accuracy"]) == 0.0
     _, metrics = preference_loss(
         pc,
         pr,

@@ -1,10 +1,11 @@
-"""The losses of five tiny runs, pinned bitwise: the hello world, a Llama run, SFT (chat), LoRA and Whisper ASR.
+"""The losses of five tiny runs, pinned: the hello world, a Llama run, SFT (chat), LoRA and Whisper ASR.
 
 Each run goes through its entry point's ``main(argv)`` with the argument list a user would type (a packaged
 config shrunk by dotted overrides), and its losses are read back from the JSON tracker's file. The pinned
-numbers were recorded at commit 28d611d (before the ``Run``/``Task`` refactor of issue 32), on one CPU device;
-a change that moves any of them by one bit fails here. Regenerate them (only for a change meant to alter the
-numerics) with ``python tests/test_pinned_losses.py`` from ``packages/trainer``, which prints the dict below.
+numbers were recorded at commit 28d611d (before the ``Run``/``Task`` refactor of issue 32), on one CPU device,
+where they were bitwise equal. XLA's CPU kernels round differently on other instruction sets (AVX2 vs AVX-512), so
+they are compared here to 1e-5 relative: a change of formula, data order or optimizer moves them far more.
+Regenerate them (only for a change meant to alter the numerics) with ``python tests/test_pinned_losses.py`` from ``packages/trainer``, which prints the dict below.
 """
 
 from __future__ import annotations
@@ -150,7 +151,16 @@ PINNED: dict[str, dict[str, list[str]]] = {
 }
 
 
-def test_losses_are_bitwise_those_of_commit_28d611d(tmp_path: Path) -> None:
+REL = 1e-5
+
+
+def _close(want: list[str], now: list[str]) -> bool:
+    return len(want) == len(now) and all(
+        abs(float.fromhex(a) - float.fromhex(b)) <= REL * abs(float.fromhex(a)) for a, b in zip(want, now, strict=True)
+    )
+
+
+def test_losses_are_those_of_commit_28d611d(tmp_path: Path) -> None:
     import jax
 
     assert jax.device_count() == 1, "the pinned losses are of one device"
@@ -159,7 +169,7 @@ def test_losses_are_bitwise_those_of_commit_28d611d(tmp_path: Path) -> None:
         f"{run} {key}: pinned {[float.fromhex(x) for x in want]}, got {[float.fromhex(x) for x in now]}"
         for run, metrics in PINNED.items()
         for key, want in metrics.items()
-        if (now := got[run].get(key, [])) != want
+        if not _close(want, now := got[run].get(key, []))
     ]
     assert not differ, "\n".join(differ)
 

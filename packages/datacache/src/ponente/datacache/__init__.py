@@ -64,6 +64,7 @@ from ponente.datacache.dataset import Dataset, InMemoryTokenStore, TokenStore
 from ponente.datacache.mixture import MixtureDataset, StopStrategy, block_counts
 from ponente.datacache.packing import PackedExampleDataset
 from ponente.datacache.permutation import FeistelPermutation, PermutationDataset
+from ponente.datacache.preference import PreferenceChatProcessor, PreferencePairDataset
 from ponente.datacache.shuffle import EpochDataset, EraShuffleDataset
 from ponente.datacache.token_seq import TokenSeqDataset
 
@@ -76,6 +77,8 @@ __all__ += [
     "MixtureDataset",
     "PackedExampleDataset",
     "PermutationDataset",
+    "PreferenceChatProcessor",
+    "PreferencePairDataset",
     "StopStrategy",
     "TokenSeqDataset",
     "TokenStore",

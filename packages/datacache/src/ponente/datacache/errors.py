@@ -23,6 +23,7 @@ UNREADABLE_PATH: Final = "unreadable_path"
 EMPTY: Final = "empty"
 BLANK_LINE: Final = "blank_line"
 BAD_AUDIO: Final = "bad_audio"
+BAD_PAIR: Final = "bad_pair"
 
 BAD_RECORD_KINDS: Final = (
     MALFORMED_JSON,
@@ -32,6 +33,7 @@ BAD_RECORD_KINDS: Final = (
     TRUNCATED_FILE,
     UNREADABLE_PATH,
     BAD_AUDIO,
+    BAD_PAIR,
 )
 """Kinds of bad input that the ``bad_records`` policy (``"error"`` or ``"skip"``) applies to."""
 

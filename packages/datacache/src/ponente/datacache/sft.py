@@ -107,6 +107,32 @@ def _token_id(tokenizer: Tokenizer, token: str | None, role: str) -> int | None:
     return int(token_id)
 
 
+def message_problem(messages: Any, field: str) -> tuple[str, str] | None:
+    """``(kind, detail)`` if ``messages`` (the value of record field ``field``) is not a list of well-formed chat
+    messages: ``{role, content}`` strings, a known role, and non-empty assistant contents; else ``None``."""
+    if not isinstance(messages, list | tuple):
+        return WRONG_TYPE, f"expected field {field!r} to be a list of messages, found {type(messages).__name__}"
+    for k, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            return WRONG_TYPE, f"field {field!r}, message {k}: expected a {{role, content}} object, found " + (
+                type(message).__name__
+            )
+        for name in ("role", "content"):
+            if name not in message:
+                return MISSING_FIELD, f"field {field!r}, message {k}: no {name!r} (keys {sorted(message)})"
+            if not isinstance(message[name], str):
+                return WRONG_TYPE, f"field {field!r}, message {k}: expected {name!r} to be a string, found " + (
+                    type(message[name]).__name__
+                )
+        if message["role"] not in CHAT_ROLES:
+            return WRONG_TYPE, f"field {field!r}, message {k}: role {message['role']!r} is not one of " + (
+                ", ".join(CHAT_ROLES)
+            )
+        if message["role"] == "assistant" and not message["content"].strip():
+            return MISSING_FIELD, f"field {field!r}, message {k}: empty assistant response (nothing to train on)"
+    return None
+
+
 class _TemplateProcessor:
     """What both processors share: the tokenizer, its digest, and a template compiled lazily per process."""
 
@@ -358,28 +384,10 @@ class ChatProcessor(_TemplateProcessor):
         if not isinstance(record, Mapping) or self.messages_field not in record:
             keys = sorted(record) if isinstance(record, Mapping) else type(record).__name__
             return MISSING_FIELD, f"expected a messages field {self.messages_field!r}, found keys {keys}"
-        messages = record[self.messages_field]
-        if not isinstance(messages, list | tuple):
-            found = type(messages).__name__
-            return WRONG_TYPE, f"expected field {self.messages_field!r} to be a list of messages, found {found}"
-        has_assistant = False
-        for k, message in enumerate(messages):
-            if not isinstance(message, Mapping):
-                return WRONG_TYPE, f"message {k}: expected a {{role, content}} object, found {type(message).__name__}"
-            for name in ("role", "content"):
-                if name not in message:
-                    return MISSING_FIELD, f"message {k}: no {name!r} (keys {sorted(message)})"
-                if not isinstance(message[name], str):
-                    return WRONG_TYPE, f"message {k}: expected {name!r} to be a string, found " + (
-                        type(message[name]).__name__
-                    )
-            role = message["role"]
-            if role not in CHAT_ROLES:
-                return WRONG_TYPE, f"message {k}: role {role!r} is not one of {', '.join(CHAT_ROLES)}"
-            if role == "assistant":
-                if not message["content"].strip():
-                    return MISSING_FIELD, f"message {k}: empty assistant response (nothing to train on)"
-                has_assistant = True
+        problem = message_problem(record[self.messages_field], self.messages_field)
+        if problem is not None:
+            return problem
+        has_assistant = any(m["role"] == "assistant" for m in record[self.messages_field])
         if not has_assistant:
             return MISSING_FIELD, "no assistant message: nothing to train on"
         return None

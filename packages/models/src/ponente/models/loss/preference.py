@@ -11,7 +11,8 @@ with :math:`\\Delta = (\\log\\pi_c - \\log\\pi^{ref}_c) - (\\log\\pi_r - \\log\\
 - ``ipo``: :math:`(\\Delta' - 1/(2\\beta))^2`, :math:`\\Delta'` the log-ratios divided by each response's length;
 - ``hinge``: :math:`\\max(0, 1 - \\beta\\Delta)`;
 - ``simpo`` (reference-free): with the length-normalised log-probs :math:`a = \\log\\pi / n` and
-  :math:`z = a_c - a_r - \\gamma/\\beta`, :math:`-(1-\\epsilon)\\log\\sigma(\\beta z) - \\epsilon\\log\\sigma(-\\beta z)`.
+  :math:`z = a_c - a_r - \\gamma/\\beta`,
+  :math:`-(1-\\epsilon)\\log\\sigma(\\beta z) - \\epsilon\\log\\sigma(-\\beta z)`.
 
 Example:
     ```python

@@ -31,11 +31,13 @@ from ponente.trainer.data.cache_build import (
 from ponente.trainer.data.formats import (
     ChatLmDatasetFormat,
     LmDatasetFormat,
+    PreferenceChatLmDatasetFormat,
     SupervisedLmDatasetFormat,
     TextLmDatasetFormat,
 )
 from ponente.trainer.data.lm_dataset import LMDatasetConfig, LMMixtureDatasetConfig, Row
 from ponente.trainer.data.loader import DataLoader, batch_for_step
+from ponente.trainer.data.pairs import WithRowFields, pair_datasets
 
 __all__ = [
     "DEFAULT_FOLLOW_TIMEOUT",
@@ -49,9 +51,11 @@ __all__ = [
     "LMMixtureDatasetConfig",
     "LmDatasetFormat",
     "LmDatasets",
+    "PreferenceChatLmDatasetFormat",
     "Row",
     "SupervisedLmDatasetFormat",
     "TextLmDatasetFormat",
+    "WithRowFields",
     "batch_for_step",
     "build_all_caches",
     "build_caches",
@@ -60,6 +64,7 @@ __all__ = [
     "data_tokenizer",
     "data_vocab_size",
     "follow_cache_builds",
+    "pair_datasets",
     "resolve_url",
     "train_set",
     "validation_sets",

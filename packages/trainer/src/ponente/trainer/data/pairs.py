@@ -7,6 +7,7 @@ per-row values computed once (the precomputed reference log-probs) to the rows o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from ponente.datacache import Dataset
 from ponente.trainer.data.build import _single_cache, derive_seed, shuffled
 from ponente.trainer.data.lm_dataset import LMDatasetConfig, Row
 
-__all__ = ["WithRowFields", "pair_datasets"]
+__all__ = ["RowRange", "WithRowFields", "pair_datasets"]
 
 
 def pair_datasets(
@@ -38,10 +39,16 @@ def pair_datasets(
     if data.has_split("validation"):
         validation[data.cache_name] = data.format.rows(_single_cache(data, "validation", background=True), seq_len)
     elif validation_split_fraction:
-        from ponente.datacache import split_validation
-
         rows.wait_for_length(None)
-        rows, validation["validation"] = split_validation(rows, validation_split_fraction)
+        total = len(rows)
+        held = math.ceil(validation_split_fraction * total)
+        if total - held < 1:
+            raise ValueError(
+                f"validation_split_fraction: holding out {held} of {total} pairs leaves none to train on; lower it, "
+                "or give data a validation set"
+            )
+        validation["validation"] = RowRange(rows, total - held, total)
+        rows = RowRange(rows, 0, total - held)
     return shuffled(rows, data.shuffle, derive_seed(seed, "train")), validation
 
 
@@ -79,3 +86,35 @@ class WithRowFields(Dataset[Row]):
             {**row, **{key: value[i] for key, value in extra.items()}}
             for i, row in enumerate(self.inner.get_batch(indices))
         ]
+
+
+class RowRange(Dataset[Row]):
+    """Rows ``start..stop`` of a finished dataset, renumbered from 0 (a held-out split).
+
+    Raises:
+        ValueError: if the range is not within ``inner``.
+    """
+
+    def __init__(self, inner: Dataset[Row], start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= len(inner):
+            raise ValueError(f"RowRange: rows {start}..{stop} are not within the {len(inner)} rows of the dataset")
+        self.inner, self.start, self.stop = inner, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def is_finished(self) -> bool:
+        return True
+
+    def wait_for_length(self, length: int | None = None, *, timeout: float | None = None) -> bool:
+        return True
+
+    def __getitem__(self, index: int) -> Row:
+        return self.get_batch([index])[0]
+
+    def get_batch(self, indices: Any) -> list[Row]:
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"RowRange: index out of range 0..{len(self) - 1}: {indices.tolist()}")
+        return list(self.inner.get_batch(indices + self.start))

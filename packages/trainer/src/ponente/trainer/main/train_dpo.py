@@ -21,8 +21,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from ponente.models import LlamaConfig, LmConfig
-from ponente.models.loss import PREFERENCE_LOSS_TYPES, SMOOTHED_LOSS_TYPES
 from ponente.models.lora import LoraConfig
+from ponente.models.loss import PREFERENCE_LOSS_TYPES, SMOOTHED_LOSS_TYPES
 from ponente.trainer import run
 from ponente.trainer.data import LMDatasetConfig
 from ponente.trainer.optim import AdamConfig, OptimizerConfig

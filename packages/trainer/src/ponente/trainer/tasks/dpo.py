@@ -121,7 +121,9 @@ class DpoTask(LmTask):
         check_training_data(config.data, hint="data.train_urls=[pairs.jsonl] data.format=preference_chat")
         found = getattr(getattr(config.data, "format", None), "choice_name", None)
         if found != "preference_chat":
-            raise ValueError(
+            from ponente.trainer.config import ConfigError
+
+            raise ConfigError(
                 f"data.format: train_dpo trains on preference pairs; set data.format: preference_chat (got {found})"
             )
         model_config, vocab_size = config.model, None
@@ -130,6 +132,7 @@ class DpoTask(LmTask):
             vocab_size = hf_vocab_size(config.initialize_from_hf)
         self._setup(config, model_config, vocab_size, row_length(model_config.seq_len, config.train_seq_len))
         self.config = dataclasses.replace(config, model=self.model_config)
+        self.dpo: Any = self.config  # the TrainDpoConfig (its keys beyond the task protocol's)
         self.export_every = config.hf_save_steps
         self.sample = None
         self.viz_logprobs = None
@@ -189,10 +192,10 @@ class DpoTask(LmTask):
 
     def reference_model(self, mp: Any, initial: Any) -> Any:
         """The frozen reference: ``reference_model_path`` (checked against the policy's shapes), else ``initial``."""
-        path = self.config.reference_model_path
+        path = self.dpo.reference_model_path
         if path is None:
             return initial
-        if self.config.reference_is_hf:
+        if self.dpo.reference_is_hf:
             reference = load_hf_weights(path, self.model_config, mp, key="reference_model_path")
         else:
             reference = mp.cast_to_param(load_model_from_checkpoint(self.model_config, self.data.the_vocab_size, path))
@@ -268,7 +271,7 @@ class DpoTask(LmTask):
             ref_chosen = ref_rejected = None
         if ref_chosen is not None:
             ref_chosen, ref_rejected = jax.lax.stop_gradient((ref_chosen, ref_rejected))
-        cfg = self.config
+        cfg = self.dpo
         return preference_loss(
             chosen,
             rejected,
@@ -294,7 +297,7 @@ class DpoTask(LmTask):
         from ponente.trainer.data import pair_datasets
 
         train, validation = pair_datasets(
-            self.data, self.seq_len, seed=seed, validation_split_fraction=self.config.validation_split_fraction
+            self.data, self.seq_len, seed=seed, validation_split_fraction=self.dpo.validation_split_fraction
         )
         if self.reference == "batch":
             train, validation = self._with_reference_fields(train, validation)

@@ -1,4 +1,5 @@
-"""The ``data.format`` configs, registered by ``type``: ``text``, ``supervised``, ``chat``.
+"""The ``data.format`` configs, registered by ``type``: ``text``, ``supervised``, ``chat``,
+``preference_chat``.
 
 A format says how a corpus's records become cached tokens and training rows, and holds only its own fields::
 
@@ -13,7 +14,14 @@ registered `LmDatasetFormat` subclass and import it here.
 
 from ponente.trainer.data.formats._base import LmDatasetFormat
 from ponente.trainer.data.formats.chat import ChatLmDatasetFormat
+from ponente.trainer.data.formats.preference import PreferenceChatLmDatasetFormat
 from ponente.trainer.data.formats.supervised import SupervisedLmDatasetFormat
 from ponente.trainer.data.formats.text import TextLmDatasetFormat
 
-__all__ = ["ChatLmDatasetFormat", "LmDatasetFormat", "SupervisedLmDatasetFormat", "TextLmDatasetFormat"]
+__all__ = [
+    "ChatLmDatasetFormat",
+    "LmDatasetFormat",
+    "PreferenceChatLmDatasetFormat",
+    "SupervisedLmDatasetFormat",
+    "TextLmDatasetFormat",
+]

@@ -13,7 +13,31 @@ from ponente.trainer.data.tokens import BOS_CANDIDATES, EOS_CANDIDATES, maybe_sp
 if TYPE_CHECKING:
     from ponente.trainer.data.tokens import TokenizerSpec
 
-__all__ = ["ChatLmDatasetFormat"]
+__all__ = ["ChatLmDatasetFormat", "chat_template_of"]
+
+
+def chat_template_of(tokens: TokenizerSpec, chat_template: str | None) -> tuple[str, str | None, str | None]:
+    """``(template, bos, eos)`` of a chat format: ``chat_template`` (text, a path or ``package://`` URL) or the
+    tokenizer folder's, and the special tokens the template sees (``data.bos_token``/``data.eos_token``, else those
+    of the tokenizer's ``tokenizer_config.json``, else the tokenizer's usual ones).
+
+    Raises:
+        ValueError: naming ``data.format.chat_template`` if there is no template, or it cannot be read.
+    """
+    tok = tokens.tokenizer
+    defaults = tokenizer_chat_defaults(tokens.location)
+    template = read_template(chat_template, "data.format.chat_template")
+    if template is None:
+        template = defaults.chat_template
+    if template is None:
+        raise ValueError(
+            f"data.format.chat_template: not set, and the tokenizer {tokens.spec!r} has no chat template (no "
+            "chat_template.jinja or tokenizer_config.json with a chat_template next to it); set "
+            "data.format.chat_template to Jinja text or to a .jinja file"
+        )
+    bos = tokens.bos_token or defaults.bos_token or maybe_special(tok, BOS_CANDIDATES)
+    eos = tokens.eos_token or defaults.eos_token or maybe_special(tok, EOS_CANDIDATES)
+    return template, bos, eos
 
 
 @LmDatasetFormat.register_subclass("chat")
@@ -62,24 +86,14 @@ class ChatLmDatasetFormat(LmDatasetFormat):
         Raises:
             ValueError: naming ``data.format.chat_template`` if there is no template, or it cannot be read.
         """
-        tok = tokens.tokenizer
-        defaults = tokenizer_chat_defaults(tokens.location)
-        template = read_template(self.chat_template, "data.format.chat_template")
-        if template is None:
-            template = defaults.chat_template
-        if template is None:
-            raise ValueError(
-                f"data.format.chat_template: not set, and the tokenizer {tokens.spec!r} has no chat template (no "
-                "chat_template.jinja or tokenizer_config.json with a chat_template next to it); set "
-                "data.format.chat_template to Jinja text or to a .jinja file"
-            )
+        template, bos, eos = chat_template_of(tokens, self.chat_template)
         return ChatProcessor(
-            tok,
+            tokens.tokenizer,
             messages_field=self.messages_field,
             chat_template=template,
             mask_inputs=self.mask_inputs,
-            bos=tokens.bos_token or defaults.bos_token or maybe_special(tok, BOS_CANDIDATES),
-            eos=tokens.eos_token or defaults.eos_token or maybe_special(tok, EOS_CANDIDATES),
+            bos=bos,
+            eos=eos,
             template_key="data.format.chat_template",
         )
 
