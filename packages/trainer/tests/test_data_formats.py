@@ -19,6 +19,7 @@ from ponente.trainer.data import (
     LMDatasetConfig,
     LmDatasetFormat,
     LMMixtureDatasetConfig,
+    PreferenceChatLmDatasetFormat,
     SupervisedLmDatasetFormat,
     TextLmDatasetFormat,
     build_datasets,
@@ -49,6 +50,9 @@ PACKAGED_FORMATS = {
     "lora_llama2": TextLmDatasetFormat(),
     "sft_chat": ChatLmDatasetFormat(messages_field="messages", chat_template=None, mask_inputs=True, pack=True),
     "tiny_chat": ChatLmDatasetFormat(chat_template="package://ponente.trainer.assets/tiny_chat_template.jinja"),
+    "dpo_tiny": PreferenceChatLmDatasetFormat(
+        chat_template="package://ponente.trainer.assets/tiny_chat_template.jinja", truncation="truncate"
+    ),
 }
 
 
@@ -108,7 +112,10 @@ def test_levanter_nested_format_sections_equal_the_flat_keys() -> None:
     [
         ({"format": {"type": "text", "messages_field": "m"}}, r"^data\.format\.messages_field: not a field of type "),
         ({"format": "text", "chat_template": "{{ x }}"}, r"^data\.format\.chat_template: not a field of type 'text'"),
-        ({"format": "dpo"}, r"^data\.format\.type: unknown type 'dpo'; known: chat, supervised, text$"),
+        (
+            {"format": "dpo"},
+            r"^data\.format\.type: unknown type 'dpo'; known: chat, preference_chat, supervised, text$",
+        ),
         ({"format": {"type": "chat", "pack": False}, "pack": True}, r"^data\.pack: given both flat"),
     ],
 )

@@ -226,7 +226,8 @@ def test_config_keys_parse_and_errors_name_the_key() -> None:
     ):
         _data("format={type: chat, pack: false}", "pack=true")
     with pytest.raises(
-        ConfigError, match=r"^data\.format\.type: unknown type 'alpaca'; known: chat, supervised, text$"
+        ConfigError,
+        match=r"^data\.format\.type: unknown type 'alpaca'; known: chat, preference_chat, supervised, text$",
     ):
         _data("format=alpaca")
     with pytest.raises(

@@ -52,7 +52,9 @@ def _hf_pair(tokenizer: object, record: dict) -> tuple[list[int], list[int], lis
 
     p = ids(prompt, add_generation_prompt=True)
     pc, pr = ids(prompt + chosen), ids(prompt + rejected)
-    n = min(next((i for i, (a, b) in enumerate(zip(p, x, strict=False)) if a != b), min(len(p), len(x))) for x in (pc, pr))
+    n = min(
+        next((i for i, (a, b) in enumerate(zip(p, x, strict=False)) if a != b), min(len(p), len(x))) for x in (pc, pr)
+    )
     return p[:n], pc[n:], pr[n:]
 
 
@@ -92,7 +94,11 @@ def test_bad_pairs_name_the_field() -> None:
     other = {"role": "assistant", "content": "Go away"}
     cases = {
         "missing rejected": ({"chosen": [user, answer]}, "missing_field", "'rejected'"),
-        "last not assistant": ({"prompt": [user], "chosen": [answer], "rejected": [other, user]}, "bad_pair", "'rejected'"),
+        "last not assistant": (
+            {"prompt": [user], "chosen": [answer], "rejected": [other, user]},
+            "bad_pair",
+            "'rejected'",
+        ),
         "same": ({"chosen": [user, answer], "rejected": [user, answer]}, "bad_pair", "'chosen'"),
         "not a list": ({"prompt": [user], "chosen": "Hello", "rejected": [other]}, "wrong_type", "'chosen'"),
     }
@@ -184,7 +190,8 @@ def test_bad_settings_are_one_line_naming_the_key(
 ) -> None:
     assert train_dpo.main(_overrides(tmp_path, tiny_llama, 1, *extra)) == code
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error:") and message in err[-1], err[-3:]
+    assert err[-1].startswith("error:"), err[-3:]
+    assert message in err[-1], err[-3:]
 
 
 def test_a_bad_row_stops_the_run_naming_file_row_and_field(
@@ -197,7 +204,8 @@ def test_a_bad_row_stops_the_run_naming_file_row_and_field(
     argv = [*_overrides(tmp_path, tiny_llama, 1), f"--data.train_urls=[{pairs}]"]
     assert train_dpo.main(argv) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "pairs.jsonl" in last and "8" in last and "'rejected'" in last, last
+    for part in ("pairs.jsonl", "8", "'rejected'"):
+        assert part in last, last
     assert not (tmp_path / "metrics.jsonl").exists() or not any("train/dpo_loss" in r for r in _metrics(tmp_path))
 
 
@@ -215,3 +223,12 @@ def test_lora_dpo_learns_the_preference_and_its_adapter_loads_in_peft(tmp_path: 
     assert evals[-1]["eval/validation/dpo_accuracy"] > 0.6, evals[-1]
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama)
     peft.PeftModel.from_pretrained(base, tmp_path / "peft")
+
+
+def test_epoch_sets_the_steps_from_the_training_pairs(tmp_path: Path, tiny_llama: Path) -> None:
+    """240 shipped pairs, 10 % held out (24): 216 training pairs, 2 passes of 8 pairs a step = 54 steps."""
+    from ponente.trainer.config import load_config
+
+    argv = [a.removeprefix("--") for a in _overrides(tmp_path, tiny_llama, 1, "--epoch=2")]
+    config = train_dpo.with_epochs(load_config(train_dpo.TrainDpoConfig, overrides=argv))
+    assert config.trainer.num_train_steps == math.ceil(2 * (240 - math.ceil(0.1 * 240)) / 8)

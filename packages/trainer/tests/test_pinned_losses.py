@@ -5,7 +5,8 @@ config shrunk by dotted overrides), and its losses are read back from the JSON t
 numbers were recorded at commit 28d611d (before the ``Run``/``Task`` refactor of issue 32), on one CPU device,
 where they were bitwise equal. XLA's CPU kernels round differently on other instruction sets (AVX2 vs AVX-512), so
 they are compared here to 1e-5 relative: a change of formula, data order or optimizer moves them far more.
-Regenerate them (only for a change meant to alter the numerics) with ``python tests/test_pinned_losses.py`` from ``packages/trainer``, which prints the dict below.
+Regenerate them (only for a change meant to alter the numerics) with
+``python tests/test_pinned_losses.py`` from ``packages/trainer``, which prints the dict below.
 """
 
 from __future__ import annotations

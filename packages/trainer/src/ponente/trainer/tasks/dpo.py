@@ -397,20 +397,23 @@ class DpoTask(LmTask):
 
 
 def _check_same_shapes(reference: Any, policy: Any, path: str) -> None:
-    """Raise ``ValueError`` naming ``reference_model_path`` if the reference's parameters differ from the policy's."""
+    """Raise ``ConfigError`` naming ``reference_model_path`` if the reference's parameters differ from the
+    policy's."""
     import jax
+
+    from ponente.trainer.config import ConfigError
 
     ref = {jax.tree_util.keystr(p): np.shape(x) for p, x in jax.tree_util.tree_leaves_with_path(reference)}
     pol = {jax.tree_util.keystr(p): np.shape(x) for p, x in jax.tree_util.tree_leaves_with_path(policy)}
     if ref.keys() != pol.keys():
         extra = sorted(set(ref) ^ set(pol))[:3]
-        raise ValueError(
+        raise ConfigError(
             f"reference_model_path: the reference model at {path} is not the policy's architecture (parameters "
             f"differ: {', '.join(extra)})"
         )
     for name, shape in ref.items():
         if shape != pol[name]:
-            raise ValueError(
+            raise ConfigError(
                 f"reference_model_path: the reference model at {path} has {name} of shape {shape}, the policy "
                 f"{pol[name]}; the reference must be the policy's architecture"
             )
