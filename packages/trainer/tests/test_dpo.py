@@ -232,3 +232,126 @@ def test_epoch_sets_the_steps_from_the_training_pairs(tmp_path: Path, tiny_llama
     argv = [a.removeprefix("--") for a in _overrides(tmp_path, tiny_llama, 1, "--epoch=2")]
     config = train_dpo.with_epochs(load_config(train_dpo.TrainDpoConfig, overrides=argv))
     assert config.trainer.num_train_steps == math.ceil(2 * (240 - math.ceil(0.1 * 240)) / 8)
+
+
+def test_pair_logprobs_of_the_training_rows_equal_transformers(tmp_path: Path, tiny_llama: Path) -> None:
+    """The rows ``data.format: preference_chat`` gives (system turns, earlier exchanges, implicit prompts), scored
+    by the task's forward pass, equal the completion log-probs ``transformers`` computes on TRL's cut (1e-4)."""
+    import torch
+    import transformers
+
+    from ponente.models.hf import load_pretrained
+    from ponente.trainer.config import load_config
+    from ponente.trainer.data import pair_datasets
+    from ponente.trainer.tasks.dpo import _pair_logprobs, dpo_batch
+
+    argv = [a.removeprefix("--") for a in _overrides(tmp_path, tiny_llama, 1, "--data.shuffle=false")]
+    config = load_config(train_dpo.TrainDpoConfig, overrides=argv)
+    pairs, _ = pair_datasets(config.data, 96, seed=0, validation_split_fraction=None)
+    pairs.wait_for_length(None)
+    rows = pairs.get_batch(list(range(12)))
+    records = _records()[:12]
+    batch = dpo_batch({k: np.stack([r[k] for r in rows]) for k in rows[0]})
+    model = load_pretrained(str(tiny_llama))
+    chosen, rejected = _pair_logprobs(model, batch, key=None)
+
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny_llama / "tokenizer.json"))
+    hf_tok.chat_template = _template()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    want: dict[str, list[float]] = {"chosen": [], "rejected": []}
+    for record in records:
+        prompt, *responses = _hf_pair(hf_tok, record)
+        longer = max(len(r) for r in responses)
+        # by hand: a long pair keeps the end of its prompt (down to half the row), then the start of the responses
+        keep_p = len(prompt) if len(prompt) + longer <= 96 else min(len(prompt), max(96 - longer, 48))
+        for name, response in zip(("chosen", "rejected"), responses, strict=True):
+            ids = (prompt[len(prompt) - keep_p :] + response)[:96]
+            with torch.no_grad():
+                logp = torch.log_softmax(hf(torch.tensor([ids])).logits.double()[0], -1).numpy()
+            want[name].append(sum(logp[j - 1, ids[j]] for j in range(keep_p, len(ids))))
+    np.testing.assert_allclose(np.asarray(chosen.array), want["chosen"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.asarray(rejected.array), want["rejected"], atol=1e-4, rtol=0)
+
+
+def test_precomputed_reference_gives_the_losses_of_the_live_reference(tmp_path: Path, tiny_llama: Path) -> None:
+    """``precompute_reference: true`` (reference log-probs computed once, carried in the batch) logs the losses
+    and metrics of a run that runs the reference model every step; SimPO runs without a reference."""
+    runs = {"live": (), "precomputed": ("--precompute_reference=true",), "simpo": ("--loss_type=simpo",)}
+    logged = {}
+    for name, extra in runs.items():
+        where = tmp_path / name
+        assert train_dpo.main(_overrides(where, tiny_llama, 2, *extra)) == 0
+        logged[name] = [r for r in _metrics(where) if "train/dpo_loss" in r]
+    for key in ("train/dpo_loss", "train/dpo_margin_ref", "train/dpo_chosen_reward", "train/dpo_accuracy"):
+        np.testing.assert_allclose(
+            [r[key] for r in logged["precomputed"]], [r[key] for r in logged["live"]], atol=2e-5, err_msg=key
+        )
+    simpo = logged["simpo"]
+    assert len(simpo) == 2
+    assert simpo[0]["train/dpo_loss"] != pytest.approx(math.log(2), abs=1e-3)  # reference-free: not ln 2 at step 1
+
+
+def test_a_reference_of_another_shape_is_refused_naming_the_key(
+    tmp_path: Path, tiny_llama: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    import transformers
+
+    other = tmp_path / "other"
+    config = transformers.LlamaConfig.from_pretrained(tiny_llama)
+    config.intermediate_size = 48
+    torch.manual_seed(1)
+    transformers.LlamaForCausalLM(config).save_pretrained(other)
+    argv = _overrides(tmp_path, tiny_llama, 1, f"--reference_model_path={other}")
+    assert train_dpo.main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: reference_model_path:"), last
+    assert not (tmp_path / "metrics.jsonl").exists() or not any("train/dpo_loss" in r for r in _metrics(tmp_path))
+
+
+@pytest.mark.integration
+def test_dpo_stopped_and_resumed_matches_an_uninterrupted_run_bitwise(tmp_path: Path, tiny_llama: Path) -> None:
+    """Full DPO (policy and reference in the state) stopped after 2 of 4 steps and resumed equals an uninterrupted
+    run bit for bit: the logged losses and the exported weights."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    constant = ("--optimizer.lr_schedule=constant",)
+    for where, steps in ((whole, 4), (parts, 2), (parts, 4)):
+        argv = _overrides(where, tiny_llama, steps, *constant, f"--hf_save_path={where / 'hf'}")
+        assert train_dpo.main([*argv, "--trainer.steps_per_eval=100"]) == 0
+    a = [(r["step"], r["train/dpo_loss"]) for r in _metrics(whole) if "train/dpo_loss" in r]
+    b = [(r["step"], r["train/dpo_loss"]) for r in _metrics(parts) if "train/dpo_loss" in r]
+    assert a == b
+    assert [s for s, _ in b] == [1, 2, 3, 4]
+    assert (whole / "hf" / "model.safetensors").read_bytes() == (parts / "hf" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.multidevice
+def test_dpo_on_8_devices_fsdp_and_tensor_parallel_matches_1_device(tmp_path: Path, tiny_llama: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    layouts = {
+        "one": (1, []),
+        "eight": (8, ["--trainer.model_axis_size=2", "--trainer.tensor_parallel_axes=[mlp, heads, kv_heads]"]),
+    }
+    for name, (devices, layout) in layouts.items():
+        where = tmp_path / name
+        where.mkdir()
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+        argv = _overrides(where, tiny_llama, 3, "--optimizer.learning_rate=1e-3", f"--hf_save_path={where / 'hf'}")
+        proc = subprocess.run(
+            [sys.executable, "-m", "ponente.trainer.main.train_dpo", *argv, *layout],
+            cwd=where, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for key in ("train/dpo_loss", "train/dpo_margin_policy"):
+        one = [r[key] for r in _metrics(tmp_path / "one") if key in r]
+        eight = [r[key] for r in _metrics(tmp_path / "eight") if key in r]
+        np.testing.assert_allclose(eight, one, atol=1e-5, err_msg=key)
+    one_w = load_file(tmp_path / "one" / "hf" / "model.safetensors")
+    eight_w = load_file(tmp_path / "eight" / "hf" / "model.safetensors")
+    for key, value in one_w.items():
+        np.testing.assert_allclose(eight_w[key], value, atol=1e-5, err_msg=key)
