@@ -234,9 +234,41 @@ def test_epoch_sets_the_steps_from_the_training_pairs(tmp_path: Path, tiny_llama
     assert config.trainer.num_train_steps == math.ceil(2 * (240 - math.ceil(0.1 * 240)) / 8)
 
 
-def test_pair_logprobs_of_the_training_rows_equal_transformers(tmp_path: Path, tiny_llama: Path) -> None:
-    """The rows ``data.format: preference_chat`` gives (system turns, earlier exchanges, implicit prompts), scored
-    by the task's forward pass, equal the completion log-probs ``transformers`` computes on TRL's cut (1e-4)."""
+def _family_folder(family: str, tiny_llama: Path, where: Path) -> Path:
+    """A tiny random Hugging Face model of ``family`` with the tiny Llama's tokenizer."""
+    import shutil
+
+    import torch
+    import transformers
+
+    if family == "llama":
+        return tiny_llama
+    small = {
+        "vocab_size": transformers.LlamaConfig.from_pretrained(tiny_llama).vocab_size,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 256,
+    }
+    torch.manual_seed(3)
+    if family == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**small, tie_word_embeddings=False))
+    else:
+        config = transformers.Gemma2Config(**small, sliding_window=16, query_pre_attn_scalar=8)
+        model = transformers.Gemma2ForCausalLM(config)
+    model.save_pretrained(where)
+    shutil.copy(tiny_llama / "tokenizer.json", where / "tokenizer.json")
+    return where
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2"])
+def test_pair_logprobs_of_the_training_rows_equal_transformers(family: str, tmp_path: Path, tiny_llama: Path) -> None:
+    """The rows ``data.format: preference_chat`` gives (system turns, earlier exchanges, implicit prompts, truncated
+    pairs), scored by the task's forward pass, equal the completion log-probs ``transformers`` computes on TRL's
+    cut (1e-4), for Llama, Qwen3 and Gemma 2."""
     import torch
     import transformers
 
@@ -252,12 +284,14 @@ def test_pair_logprobs_of_the_training_rows_equal_transformers(tmp_path: Path, t
     rows = pairs.get_batch(list(range(12)))
     records = _records()[:12]
     batch = dpo_batch({k: np.stack([r[k] for r in rows]) for k in rows[0]})
-    model = load_pretrained(str(tiny_llama))
+    folder = _family_folder(family, tiny_llama, tmp_path / family)
+    model = load_pretrained(str(folder))
     chosen, rejected = _pair_logprobs(model, batch, key=None)
 
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny_llama / "tokenizer.json"))
     hf_tok.chat_template = _template()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    hf = hf.eval()
     want: dict[str, list[float]] = {"chosen": [], "rejected": []}
     for record in records:
         prompt, *responses = _hf_pair(hf_tok, record)
