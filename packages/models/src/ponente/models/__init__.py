@@ -40,6 +40,7 @@ from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, rout
 from .olmo2 import Olmo2Config, Olmo2LMHeadModel
 from .qwen import QwenConfig, QwenLMHeadModel
 from .qwen3 import Qwen3Config, Qwen3LMHeadModel
+from .qwen3_moe import Qwen3MoeConfig, Qwen3MoeLMHeadModel
 from .remat import CHECKPOINT_NAMES
 from .rotary import RotaryConfig, apply_rotary
 
@@ -77,6 +78,8 @@ __all__ = [
     "QkNormAttention",
     "Qwen3Config",
     "Qwen3LMHeadModel",
+    "Qwen3MoeConfig",
+    "Qwen3MoeLMHeadModel",
     "QwenConfig",
     "QwenLMHeadModel",
     "RotaryConfig",

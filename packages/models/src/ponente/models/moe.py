@@ -31,7 +31,8 @@ class RouterOutput(eqx.Module):
 
     Attributes:
         probs: the softmax of the router logits over ``experts`` (float32), ``(..., experts)``.
-        weights: the combination weights of the chosen experts, renormalized to sum to 1, ``(..., top_k)``.
+        weights: the combination weights of the chosen experts (renormalized to sum to 1 unless the layer says
+            otherwise), ``(..., top_k)``.
         indices: the chosen experts (integer ids, best first), ``(..., top_k)``.
     """
 
@@ -40,8 +41,9 @@ class RouterOutput(eqx.Module):
     indices: NamedArray
 
 
-def route_top_k(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutput:
-    """Top-k routing as Mixtral does it: softmax over experts, keep the ``k`` best, renormalize their weights.
+def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: bool = True) -> RouterOutput:
+    """Top-k routing as Mixtral does it: softmax over experts, keep the ``k`` best, renormalize their weights
+    (``normalize=False``: keep their probabilities, as Qwen3-MoE without ``norm_topk_prob``).
 
     The softmax is computed in float32 whatever the logits' dtype (as ``transformers`` does).
 
@@ -49,6 +51,7 @@ def route_top_k(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutpu
         router_logits: ``(..., Experts)`` router logits.
         Experts: the experts axis.
         k: experts per token (``num_experts_per_tok``), between 1 and ``Experts.size``.
+        normalize: renormalize the ``k`` chosen probabilities to sum to 1.
 
     Returns:
         The probabilities, the chosen experts and their combination weights (axis ``top_k`` of size ``k``).
@@ -67,7 +70,7 @@ def route_top_k(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutpu
         raise ValueError(f"route_top_k: k must be in 1..{Experts.size} (the size of axis {Experts.name!r}), got {k}")
     probs = hax.nn.softmax(router_logits.astype(jnp.float32), Experts)
     top, indices = hax.top_k(probs, Experts, k, new_axis=TOP_K)
-    return RouterOutput(probs=probs, weights=top / hax.sum(top, TOP_K), indices=indices)
+    return RouterOutput(probs=probs, weights=top / hax.sum(top, TOP_K) if normalize else top, indices=indices)
 
 
 def _assignments(indices: NamedArray, Experts: Axis) -> NamedArray:
@@ -127,6 +130,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
         down_proj: ``(experts, embed, mlp)``, the experts' down projections (key ``experts.w2``).
         num_experts_per_tok: ``k`` (static).
         dispatch: ``"dense"`` or ``"sorted"`` (static).
+        norm_topk_prob: renormalize the chosen experts' probabilities to sum to 1 (Mixtral; static).
     """
 
     router: Linear
@@ -135,13 +139,21 @@ class MoeMlp(ModuleWithStateDictSerialization):
     down_proj: NamedArray
     num_experts_per_tok: int = eqx.field(static=True)
     dispatch: str = eqx.field(static=True, default="dense")
+    norm_topk_prob: bool = eqx.field(static=True, default=True)
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {"router": "gate", "gate_proj": "experts.w1", "up_proj": "experts.w3", "down_proj": "experts.w2"}
 
     @staticmethod
     def init(
-        Embed: Axis, Mlp: Axis, Experts: Axis, num_experts_per_tok: int, *, key: jax.Array, dispatch: str = "dense"
+        Embed: Axis,
+        Mlp: Axis,
+        Experts: Axis,
+        num_experts_per_tok: int,
+        *,
+        key: jax.Array,
+        dispatch: str = "dense",
+        norm_topk_prob: bool = True,
     ) -> MoeMlp:
         """Create a randomly initialized layer (normal weights scaled by ``1/sqrt(fan_in)``).
 
@@ -152,6 +164,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
             num_experts_per_tok: ``k``, the experts per token.
             key: the PRNG key.
             dispatch: ``"dense"`` or ``"sorted"`` (see the class docstring).
+            norm_topk_prob: renormalize the chosen experts' probabilities (see :func:`route_top_k`).
 
         Returns:
             The layer.
@@ -174,6 +187,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
             down_proj=hax.random.normal(k_down, (Experts, Embed, Mlp)) * (Mlp.size**-0.5),
             num_experts_per_tok=num_experts_per_tok,
             dispatch=dispatch,
+            norm_topk_prob=norm_topk_prob,
         )
 
     @property
@@ -183,7 +197,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
 
     def route(self, x: NamedArray) -> RouterOutput:
         """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`)."""
-        return route_top_k(self.router(x), self.Experts, self.num_experts_per_tok)
+        return route_top_k(self.router(x), self.Experts, self.num_experts_per_tok, normalize=self.norm_topk_prob)
 
     def __call__(self, x: NamedArray) -> tuple[NamedArray, RouterOutput]:
         """Apply the experts to ``x`` ``(..., embed)``.
