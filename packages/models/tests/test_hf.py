@@ -253,3 +253,25 @@ def test_missing_weights_and_unknown_type(tmp_path: Path, tiny_gpt2: Any) -> Non
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
         load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "shard", ["../outside.safetensors", "/tmp/outside.safetensors", "sub/../../outside.safetensors"]
+)
+def test_an_index_cannot_name_a_shard_outside_the_folder(tmp_path: Path, shard: str) -> None:
+    import jax
+
+    import ponente.namedtensor as hax
+    from ponente.models import LlamaConfig
+
+    config = LlamaConfig(seq_len=8, hidden_dim=16, intermediate_dim=32, num_layers=1, num_heads=2, num_kv_heads=2)
+    save_pretrained(config.build(hax.Axis("vocab", 32), key=jax.random.key(0)), tmp_path / "m", max_shard_size=2000)
+    index_path = tmp_path / "m" / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    (tmp_path / "outside.safetensors").write_bytes((tmp_path / "m" / first).read_bytes())
+    index["weight_map"] = {k: (shard if v == first else v) for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json") as error:
+        load_pretrained(tmp_path / "m")
+    assert repr(shard) in str(error.value)

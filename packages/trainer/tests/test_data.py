@@ -461,6 +461,37 @@ def test_package_urls_resolve_to_the_installed_files() -> None:
         resolve_url("package://ponente.trainer.assets")
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("package://os/path.py", "ponente.* packages only"),  # importing another module would run its code
+        ("package://json.tool/x", "ponente.* packages only"),
+        ("package://ponente.trainer.assets/../config/gpt2_nano.yaml", "without '..'"),
+        ("package://ponente.trainer.assets//etc/passwd", "without '..'"),
+        ("package://ponente.trainer.assets/./README.md", "without '..'"),
+    ],
+)
+def test_package_urls_stay_inside_ponente_packages(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        resolve_url(url)
+
+
+def test_a_link_inside_a_package_that_leads_outside_is_refused(tmp_path: Path) -> None:
+    package = Path(str(importlib.resources.files("ponente.trainer.assets")))
+    link = package / "_test_link_outside.txt"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not ours")
+    try:
+        link.symlink_to(secret)
+    except OSError:
+        pytest.skip("cannot write a link into the installed package (read-only install)")
+    try:
+        with pytest.raises(ValueError, match=r"outside the package"):
+            resolve_url(ASSETS + link.name)
+    finally:
+        link.unlink()
+
+
 def _shipped_works(split: str) -> list[dict[str, str]]:
     with gzip.open(resolve_url(f"{ASSETS}shakespeare_{split}.jsonl.gz"), "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]

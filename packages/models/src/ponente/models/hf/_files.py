@@ -37,12 +37,30 @@ def _shard_files(directory: Path, single: str, index_name: str, key: str) -> lis
     index = directory / index_name
     if index.is_file():
         weight_map: dict[str, str] = _read_json(index)["weight_map"]
-        shards = [directory / shard for shard in sorted(set(weight_map.values()))]
+        shards = [_confined(directory, shard, index, key) for shard in sorted(set(weight_map.values()))]
         for shard_path in shards:
             if not shard_path.is_file():
                 raise FileNotFoundError(f"{key}: shard {shard_path} listed in {index} does not exist")
         return shards
     return [directory / single] if (directory / single).is_file() else None
+
+
+def _confined(directory: Path, shard: object, index: Path, key: str) -> Path:
+    """``directory / shard`` for a shard name of an index file, which must be a file name inside ``directory``.
+
+    Raises:
+        ValueError: naming the index and ``key`` for a name that is not a string, is absolute, has a ``..`` part,
+            or (through a link) leads outside the folder.
+    """
+    if not isinstance(shard, str) or not shard:
+        raise ValueError(f"{key}: {index} lists a shard that is not a file name: {shard!r}")
+    parts = Path(shard).parts
+    if Path(shard).is_absolute() or ".." in parts or "\\" in shard:
+        raise ValueError(f"{key}: {index} lists the shard {shard!r}, which is not a file inside {directory}")
+    path = directory / shard
+    if path.exists() and not path.resolve().is_relative_to(directory.resolve()):
+        raise ValueError(f"{key}: shard {shard!r} listed in {index} leads outside {directory} ({path.resolve()})")
+    return path
 
 
 def _read_safetensors(directory: Path, key: str = "load_pretrained") -> dict[str, Any]:

@@ -67,7 +67,8 @@ def resolve_url(url: str) -> str:
         A local file path for ``package://`` URLs, else ``url`` itself.
 
     Raises:
-        ValueError: If the URL has no module or file part.
+        ValueError: If the URL has no module or file part, names a module outside ``ponente.*``, or a file part
+            that could leave the package (``..``, an absolute path, a link pointing outside it).
         ModuleNotFoundError: If the module is not importable.
         FileNotFoundError: If the module has no such file (the message lists the files it has).
 
@@ -84,16 +85,25 @@ def resolve_url(url: str) -> str:
     module, _, name = url[len(PACKAGE_SCHEME) :].partition("/")
     if not module or not name:
         raise ValueError(f"malformed URL {url!r}: expected {PACKAGE_SCHEME}<module>/<file>")
+    if module != "ponente" and not module.startswith("ponente."):
+        # importing a module runs its code: only our own packages' files are addressable this way
+        raise ValueError(f"{url!r}: {PACKAGE_SCHEME} URLs address files of ponente.* packages only, not {module!r}")
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts) or name.startswith(("/", "\\")) or "\\" in name:
+        raise ValueError(f"{url!r}: the file part must be a relative path inside the package, without '..' or '.'")
     root = importlib.resources.files(module)
-    target = root.joinpath(*name.split("/"))
     if any(ch in name for ch in "*?[{"):
-        return str(Path(str(root), name))  # a glob: datacache expands it
+        return str(Path(str(root), name))  # a glob: datacache expands it (its parts cannot leave the package)
+    target = root.joinpath(*parts)
     if not target.is_file():
         available = sorted(p.name for p in root.iterdir() if p.is_file() and not p.name.endswith((".py", ".pyc")))
         raise FileNotFoundError(f"{url!r}: module {module!r} has no file {name!r}; it has {available}")
     path = Path(str(target))
     if not path.is_file():
         raise FileNotFoundError(f"{url!r}: the package is not installed as plain files (e.g. zipped); cannot read it")
+    # a symbolic link inside the package must not lead outside it
+    if not path.resolve().is_relative_to(Path(str(root)).resolve()):
+        raise ValueError(f"{url!r}: resolves to {path.resolve()}, outside the package {module!r}")
     return str(path)
 
 
