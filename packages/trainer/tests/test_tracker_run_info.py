@@ -160,3 +160,37 @@ def test_log_run_info_outside_git_records_unknown(tmp_path: Path, monkeypatch: p
 def test_log_run_info_rejects_a_non_mapping_config(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="expects the config as a mapping"):
         trk.log_run_info(trk.NoopTracker(), [("a", 1)])  # type: ignore[arg-type]
+
+
+def test_run_record_files_are_written_whole_even_with_two_writers(tmp_path: Path) -> None:
+    """``write_text_atomic``: with two writers racing and a reader, the file is always one writer's whole text;
+    no temporary file is left behind."""
+    import threading
+
+    from ponente.trainer.tracker import write_text_atomic
+
+    path = tmp_path / "config.yaml"
+    texts = ["a" * 300_000, "b" * 200_000]
+    write_text_atomic(path, texts[0])
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def writer(text: str) -> None:
+        for _ in range(40):
+            write_text_atomic(path, text)
+
+    def reader() -> None:
+        while not stop.is_set():
+            seen.add(path.read_text())
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in texts]
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    watcher.join()
+    assert seen <= set(texts), sorted(len(s) for s in seen)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]

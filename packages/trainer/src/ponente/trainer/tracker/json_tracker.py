@@ -33,6 +33,7 @@ from ponente.trainer.tracker.tracker import (
     _flatten_metrics,
     _format_run_path,
     _python_value,
+    write_text_atomic,
 )
 
 __all__ = ["JsonTracker", "JsonTrackerConfig"]
@@ -135,9 +136,7 @@ class JsonTracker(Tracker):
             kept.append(line if line.endswith("\n") else line + "\n")
         if dropped:
             logger.info("json tracker: resuming at step %d, dropped %d records of later steps", step, dropped)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(kept))
         self._file = self.path.open("a", encoding="utf-8")
 
     def finish(self) -> None:
@@ -189,6 +188,4 @@ def _read_object(path: Path) -> dict[str, Any]:
 
 def _write_object(path: Path, obj: Mapping[str, Any]) -> None:
     """Write atomically (temporary file + rename), so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, default=_json_default, allow_nan=True, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, default=_json_default, allow_nan=True, indent=2) + "\n")

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ponente.trainer.tracker.tracker import Tracker
+from ponente.trainer.tracker.tracker import Tracker, write_text_atomic
 from ponente.trainer.versions import ponente_versions, runtime_versions
 
 __all__ = ["flatten_config", "git_info", "log_run_info", "pip_freeze"]
@@ -158,7 +158,7 @@ def log_run_info(
         }
         for file_name, (kind, text) in contents.items():
             path = folder / file_name
-            path.write_text(text, encoding="utf-8")
+            write_text_atomic(path, text)  # a reader (or a second writer) never sees half a file
             files[file_name] = str(path)
             tracker.log_artifact(path, name=file_name, type=kind)
     return {"config": plain_config, "git": git, "versions": versions, "pip_freeze": freeze, "files": files}

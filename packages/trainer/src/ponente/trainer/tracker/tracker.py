@@ -14,6 +14,7 @@ import os
 import time
 import types
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
@@ -32,6 +33,7 @@ __all__ = [
     "jit_log",
     "log",
     "set_global_tracker",
+    "write_text_atomic",
 ]
 
 logger = logging.getLogger(__name__)
@@ -368,3 +370,20 @@ def jit_log(metrics: Mapping[str, Any], *, step: int | jax.Array | None = None) 
 
 def _log_from_device(metrics: dict[str, Any], step: Any) -> None:
     log(metrics, step=None if step is None else int(step))
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a part.
+
+    The text goes to a temporary file of a unique name in the same folder (two writers never share one), which is
+    then renamed over ``path``.
+    """
+    import uuid
+
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
