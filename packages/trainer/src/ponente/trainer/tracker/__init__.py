@@ -19,6 +19,7 @@ from ponente.trainer.tracker.tracker import (
     jit_log,
     log,
     set_global_tracker,
+    write_text_atomic,
 )
 from ponente.trainer.tracker.wandb import WandbConfig, WandbTracker
 
@@ -43,4 +44,5 @@ __all__ = [
     "log_run_info",
     "pip_freeze",
     "set_global_tracker",
+    "write_text_atomic",
 ]
