@@ -19,7 +19,7 @@ from ponente.datacache.errors import (
     PonenteUserError,
 )
 from ponente.datacache.hf_source import HFSource
-from ponente.datacache.lease import LeaseLostError
+from ponente.datacache.lease import BuilderLease, LeaseLostError
 from ponente.datacache.ledger import Ledger, ShardProgress
 from ponente.datacache.processor import BatchProcessor, PassthroughProcessor, TokenizerProcessor, load_tokenizer
 from ponente.datacache.sft import ChatProcessor, SupervisedProcessor
@@ -33,6 +33,7 @@ __all__ = [
     "BadInput",
     "BadRecordError",
     "BatchProcessor",
+    "BuilderLease",
     "CacheCorruptError",
     "CacheDataset",
     "CacheNotFoundError",

@@ -36,7 +36,15 @@ import tensorstore as ts
 from ponente.datacache.errors import DataCacheError
 from ponente.datacache.store import _CONTEXT, kvstore_spec
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "LEASE_KEY", "BuilderLease", "LeaseLostError", "LeaseRecord", "read_lease"]
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "LEASE_KEY",
+    "BuilderLease",
+    "LeaseLostError",
+    "LeaseRecord",
+    "holder_is_dead_here",
+    "read_lease",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +114,22 @@ def read_lease(location: str) -> LeaseRecord | None:
     return LeaseRecord.from_bytes(result.value) if result.state == "value" else None
 
 
+def holder_is_dead_here(holder: str) -> bool:
+    """Whether ``holder`` (``host/pid/random``) names a process of this host, other than this one, that no longer
+    runs (a process of another host, or one that cannot be probed, is not known to be dead)."""
+    host, _, rest = holder.partition("/")
+    pid_text = rest.partition("/")[0]
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # e.g. another user's process: alive
+        return False
+    return False
+
+
 def _holder_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
 
@@ -121,6 +145,12 @@ class BuilderLease:
         location: The cache location (local path, ``memory://``, ``gs://``, ``s3://``).
         seconds: Lease duration: the holder renews it well before; others take it over once it expired.
         heartbeat: Seconds between renewals (default: ``seconds / 4``); must be less than ``seconds / 2``.
+        key: The lease object's key in ``location`` (another key makes another lease: e.g. the trainer's
+            ``writer.lease`` on a run's checkpoint folder).
+        subject: What ``location`` is, in messages (``cache``, ``checkpoint folder``).
+        role: What the holder does, in messages (``builder``, ``writer``).
+        take_over_dead: Treat a lease whose holder is a process of this host that no longer runs as expired
+            (a killed process's lease is then taken over at once instead of after ``seconds``).
 
     Raises:
         ValueError: If ``seconds`` or ``heartbeat`` is out of range.
@@ -133,7 +163,15 @@ class BuilderLease:
     """
 
     def __init__(
-        self, location: str, *, seconds: float = DEFAULT_LEASE_SECONDS, heartbeat: float | None = None
+        self,
+        location: str,
+        *,
+        seconds: float = DEFAULT_LEASE_SECONDS,
+        heartbeat: float | None = None,
+        key: str = LEASE_KEY,
+        subject: str = "cache",
+        role: str = "builder",
+        take_over_dead: bool = False,
     ) -> None:
         if not seconds > 0:
             raise ValueError(f"lease_seconds must be > 0, found {seconds}")
@@ -141,6 +179,8 @@ class BuilderLease:
         if not 0 < heartbeat < seconds / 2:
             raise ValueError(f"lease heartbeat must be > 0 and < lease_seconds / 2 = {seconds / 2}, found {heartbeat}")
         self.location = str(location)
+        self.key, self.subject, self.role = key, subject, role
+        self.take_over_dead = take_over_dead
         self.seconds = float(seconds)
         self.heartbeat = float(heartbeat)
         self.holder = _holder_id()
@@ -167,6 +207,8 @@ class BuilderLease:
             self._seen = (generation, now)
         if record is None:
             return True
+        if self.take_over_dead and holder_is_dead_here(record.holder):
+            return True
         return time.time() >= record.expires or now - self._seen[1] >= record.seconds
 
     def try_acquire(self) -> bool:
@@ -178,7 +220,7 @@ class BuilderLease:
         """
         if self.held:
             return True
-        current = self._kv.read(LEASE_KEY).result()
+        current = self._kv.read(self.key).result()
         generation = current.stamp.generation
         if current.state == "value":
             record = LeaseRecord.from_bytes(current.value)
@@ -186,17 +228,18 @@ class BuilderLease:
                 self.other = record
                 return False
             logger.warning(
-                "the builder lease of %s (held by %s) expired without renewal: taking over the build",
+                "the %s lease of %s (held by %s) expired without renewal: taking it over",
+                self.role,
                 self.location,
                 record.holder if record else "an unreadable lease",
             )
         started = time.monotonic()
         now = time.time()
         mine = LeaseRecord(self.holder, now, now + self.seconds, self.seconds)
-        written = self._kv.write(LEASE_KEY, mine.to_bytes(), if_equal=generation).result()
+        written = self._kv.write(self.key, mine.to_bytes(), if_equal=generation).result()
         if not written.generation:
             return False  # another process changed it since we read it
-        confirm = self._kv.read(LEASE_KEY).result()
+        confirm = self._kv.read(self.key).result()
         if confirm.state != "value" or confirm.stamp.generation != written.generation:
             return False
         with self._lock:
@@ -206,9 +249,9 @@ class BuilderLease:
             self._lost = None
         self.other = None
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name=f"builder-lease:{self.location}", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name=f"{self.role}-lease:{self.location}", daemon=True)
         self._thread.start()
-        logger.info("acquired the builder lease of %s as %s", self.location, self.holder)
+        logger.info("acquired the %s lease of %s as %s", self.role, self.location, self.holder)
         return True
 
     def _beat(self) -> None:
@@ -216,7 +259,7 @@ class BuilderLease:
             try:
                 self._renew()
             except Exception as exc:  # retried at the next beat; check() fails once too long has passed
-                logger.warning("could not renew the builder lease of %s: %s", self.location, exc)
+                logger.warning("could not renew the %s lease of %s: %s", self.role, self.location, exc)
             if self._lost is not None:
                 return
 
@@ -227,17 +270,18 @@ class BuilderLease:
             started = time.monotonic()
             now = time.time()
             mine = LeaseRecord(self.holder, self._acquired, now + self.seconds, self.seconds)
-            written = self._kv.write(LEASE_KEY, mine.to_bytes(), if_equal=self._generation).result()
+            written = self._kv.write(self.key, mine.to_bytes(), if_equal=self._generation).result()
             if written.generation:
                 self._generation = written.generation
                 self._renewed = started
                 return
-            current = self._kv.read(LEASE_KEY).result()
+            current = self._kv.read(self.key).result()
             record = LeaseRecord.from_bytes(current.value) if current.state == "value" else None
             self._generation = None
             self._lost = (
-                f"cache {self.location}: builder {self.holder} lost its lease to "
-                f"{record.holder if record else 'nobody (it was deleted)'}; that builder continues the build"
+                f"{self.subject} {self.location}: {self.role} {self.holder} lost its lease to "
+                f"{record.holder if record else 'nobody (it was deleted)'}"
+                + ("; that builder continues the build" if self.role == "builder" else "")
             )
             logger.error("%s", self._lost)
 
@@ -251,12 +295,14 @@ class BuilderLease:
         if self._lost is not None:
             raise LeaseLostError(self._lost)
         if self._generation is None:
-            raise LeaseLostError(f"cache {self.location}: builder {self.holder} does not hold the builder lease")
+            raise LeaseLostError(
+                f"{self.subject} {self.location}: {self.role} {self.holder} does not hold the {self.role} lease"
+            )
         age = time.monotonic() - self._renewed
         if age >= self.seconds - self.heartbeat:
             raise LeaseLostError(
-                f"cache {self.location}: builder {self.holder} could not renew its lease for {age:.1f} s "
-                f"(lease_seconds={self.seconds:g}); stopping so that another builder can take over"
+                f"{self.subject} {self.location}: {self.role} {self.holder} could not renew its lease for {age:.1f} s "
+                f"(lease_seconds={self.seconds:g}); stopping so that another {self.role} can take over"
             )
 
     def release(self) -> None:
@@ -270,11 +316,11 @@ class BuilderLease:
         if generation is None:
             return
         try:
-            self._kv.write(LEASE_KEY, None, if_equal=generation).result()
+            self._kv.write(self.key, None, if_equal=generation).result()
         except Exception as exc:  # the lease then expires on its own
-            logger.warning("could not release the builder lease of %s: %s", self.location, exc)
+            logger.warning("could not release the %s lease of %s: %s", self.role, self.location, exc)
         else:
-            logger.info("released the builder lease of %s", self.location)
+            logger.info("released the %s lease of %s", self.role, self.location)
 
     def __enter__(self) -> BuilderLease:
         return self

@@ -28,19 +28,23 @@ from ._checkpointer import Checkpointer, CheckpointerConfig, CheckpointInterval
 from ._discovery import CheckpointInfo, cleanup_uncommitted, discover_checkpoints, latest_checkpoint_path
 from ._errors import CheckpointCorruptError, CheckpointDiskFullError, CheckpointError
 from ._io import load_checkpoint, save_checkpoint, sync_processes
+from ._lease import WRITER_LEASE_KEY, CheckpointLeaseError, acquire_writer_lease
 from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
 from ._sync import CheckpointWriteError
 
 __all__ = [
     "METADATA_FILE",
+    "WRITER_LEASE_KEY",
     "CheckpointCorruptError",
     "CheckpointDiskFullError",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointInterval",
+    "CheckpointLeaseError",
     "CheckpointWriteError",
     "Checkpointer",
     "CheckpointerConfig",
+    "acquire_writer_lease",
     "cleanup_uncommitted",
     "delete_checkpoint",
     "discover_checkpoints",

@@ -59,6 +59,9 @@ class CheckpointerConfig:
             ``metadata.json``, a missing or truncated file, a checksum mismatch). ``"fallback"``: log which
             checkpoint is skipped and why, and resume from the newest one that reads; ``"error"``: refuse to
             start, naming the damaged checkpoint.
+        lease_seconds: the writer lease a training run holds on its checkpoint folder (one writer per run id):
+            how long the lease of a run that died on another host blocks a restart; a second live run on the
+            same id waits this long, then stops naming the holder. 0: no lease.
 
     Raises:
         ValueError: if ``keep`` is not ordered as described, or ``on_corrupt`` is not one of its values.
@@ -74,6 +77,7 @@ class CheckpointerConfig:
     keep: list[CheckpointInterval] = dataclasses.field(default_factory=_default_keep)
     append_run_id_to_base_path: bool = True
     on_corrupt: Literal["fallback", "error"] = "fallback"
+    lease_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.on_corrupt not in ("fallback", "error"):
@@ -88,6 +92,8 @@ class CheckpointerConfig:
             raise ValueError(f"checkpointer.keep: the `until` values must increase, got {bounded}")
         if self.save_interval.total_seconds() <= 0:
             raise ValueError(f"checkpointer.save_interval must be positive, got {self.save_interval}")
+        if self.lease_seconds < 0:
+            raise ValueError(f"checkpointer.lease_seconds must be >= 0 (0: no lease), got {self.lease_seconds}")
 
     def is_permanent_step(self, step: int) -> bool:
         """Whether the ``keep`` policy asks for a permanent checkpoint at ``step`` (never at step 0)."""
@@ -201,6 +207,8 @@ class Checkpointer:
         self._last_saved_step: int | None = existing[-1].step if existing else None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponente-checkpoint")
         self._future: concurrent.futures.Future[None] | None = None
+        self.guard: Callable[[], None] | None = None
+        """Called (process 0) just before each commit; raises to refuse it (a run sets its writer lease's check)."""
 
     def loaded(self, step: int) -> None:
         """Record that the run's state was loaded from this run's checkpoint of ``step``.
@@ -270,7 +278,9 @@ class Checkpointer:
         self._future = self._executor.submit(self._write_and_retain, snap, temporary)
 
     def _write_and_retain(self, snap: Any, temporary: bool) -> None:
-        path = write_snapshot(snap, self.checkpoint_path(snap.step), metadata=self._metadata, temporary=temporary)
+        path = write_snapshot(
+            snap, self.checkpoint_path(snap.step), metadata=self._metadata, temporary=temporary, guard=self.guard
+        )
         if jax.process_index() == 0:
             for old in self._temporaries:
                 if old != path:

@@ -32,13 +32,14 @@ from ._discovery import resolve_checkpoint
 from ._errors import CheckpointCorruptError, CheckpointDiskFullError, CheckpointError, is_disk_full
 from ._location import PathLike
 from ._marker import METADATA_FILE, delete_checkpoint, read_metadata
-from ._sync import agree, next_save_id
+from ._sync import CheckpointWriteError, agree, next_save_id, save_nonce
 from ._tree import Kind, array_of, axis_names, flatten, key_impl_name, kind_of, map_shardings, rewrap
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-"""2: one OCDBT store per writing process (``process-<i>/``) plus its piece list; 1: one shared store."""
+FORMAT_VERSION = 3
+"""3: as 2, and every piece list and ``metadata.json`` carry the save's nonce (one writer per checkpoint); 2: one
+OCDBT store per writing process (``process-<i>/``) plus its piece list; 1: one shared store."""
 
 _MAX_CHUNK_BYTES = 64 << 20
 # OCDBT packs values into data files of about this size: large enough for few files (~30 per GB), small
@@ -237,8 +238,23 @@ def _stage(name: str, token: str, work: Callable[[], None]) -> None:
     agree(name, token=token, error=error)
 
 
+def _read_nonce(target: str, process: int) -> str | None:
+    """The nonce in process ``process``'s piece list at ``target`` (None: missing, unreadable or of format 2)."""
+    raw = loc.read_bytes(target, _pieces_file(process))
+    try:
+        listing = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return listing.get("nonce") if isinstance(listing, dict) and isinstance(listing.get("nonce"), str) else None
+
+
 def write_snapshot(
-    snap: Snapshot, path: PathLike, *, metadata: Mapping[str, Any] | None = None, temporary: bool = False
+    snap: Snapshot,
+    path: PathLike,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    temporary: bool = False,
+    guard: Callable[[], None] | None = None,
 ) -> str:
     """Write a snapshot as a checkpoint at ``path`` and commit it (runs on any thread).
 
@@ -249,10 +265,23 @@ def write_snapshot(
     after every process wrote its shards, and after process 0 wrote ``metadata.json``. A failure on any
     process is reported to all of them at the next meeting point, and nothing is committed.
 
+    Every process writes the save's nonce (:func:`~ponente.trainer.checkpoint._sync.save_nonce`) into its piece
+    list; before committing, process 0 checks that every piece list still holds it (no other writer replaced
+    one) and that ``guard`` passes (the run's writer lease is still held), then writes it into ``metadata.json``.
+
+    Args:
+        snap: the snapshot.
+        path: the checkpoint directory.
+        metadata: JSON-serializable provenance stored in ``metadata.json``.
+        temporary: mark it temporary (deleted once a newer checkpoint commits).
+        guard: called by process 0 just before the commit; raises to refuse it (e.g. a lost writer lease).
+
     Returns:
         The normalized checkpoint path.
 
     Raises:
+        CheckpointWriteError: if another writer replaced this save's files (its nonce is gone from a piece list);
+            nothing is committed.
         CheckpointDiskFullError: if the disk filled up (ENOSPC, EDQUOT) during the write: ``disk full while
             writing checkpoint <path>``; the partial directory is not committed (and deleted if possible).
         CheckpointWriteError: (several processes) if a process failed, or the processes save different
@@ -263,6 +292,7 @@ def write_snapshot(
     process = jax.process_index()
     meeting = f"ponente-checkpoint/{snap.save_id}"
     token = f"step {snap.step} at {target}"
+    nonce = save_nonce(meeting)
 
     def clear() -> None:
         if process == 0:
@@ -296,12 +326,20 @@ def write_snapshot(
             w.result()
         txn.commit_async().result()
         pieces = {arr.name: [_box(p.index, arr.shape) for p in arr.pieces] for arr in snap.arrays}
-        loc.write_bytes(target, _pieces_file(process), json.dumps(pieces).encode())
+        loc.write_bytes(target, _pieces_file(process), json.dumps({"nonce": nonce, "pieces": pieces}).encode())
         _test_delay_before_commit(target)
 
     def commit() -> None:
         if process != 0:
             return
+        if guard is not None:
+            guard()
+        foreign = [p for p in range(jax.process_count()) if _read_nonce(target, p) != nonce]
+        if foreign:
+            raise CheckpointWriteError(
+                f"checkpoint {target}: another writer replaced the files of process(es) {foreign} during this save "
+                "(two runs with one run id?); not committed"
+            )
         now = datetime.datetime.now(datetime.UTC)
         marker = {
             "format_version": FORMAT_VERSION,
@@ -309,6 +347,7 @@ def write_snapshot(
             "step": snap.step,
             "timestamp": now.isoformat(),
             "temporary": temporary,
+            "nonce": nonce,
             "versions": {**ponente_versions(), **runtime_versions()},
             "metadata": dict(metadata or {}),
             "treedef": snap.treedef,
@@ -426,6 +465,7 @@ class _PieceReader:
         self.where = where
         self.ctx = ctx
         self.num_processes: int | None = meta.get("num_processes")
+        nonce = meta.get("nonce") if int(meta.get("format_version", 1)) >= 3 else None
         self.pieces: dict[str, list[tuple[int, Box]]] = {}
         for process in range(self.num_processes or 0):
             raw = loc.read_bytes(where, _pieces_file(process))
@@ -434,11 +474,19 @@ class _PieceReader:
                     f"checkpoint {where} is damaged: {_pieces_file(process)} (the list of arrays process {process} "
                     "wrote) is missing"
                 )
+            found = _read_nonce(where, process) if nonce is not None else None
+            if found != nonce:
+                raise CheckpointCorruptError(
+                    f"checkpoint {where} is damaged: {_pieces_file(process)} was written by another save than "
+                    f"metadata.json (nonce {found!r}, expected {nonce!r}): two processes wrote this checkpoint"
+                )
             try:
                 listing = json.loads(raw)
+                if nonce is not None:
+                    listing = listing["pieces"]
                 for name, boxes in listing.items():
                     self.pieces.setdefault(name, []).extend((process, [list(d) for d in b]) for b in boxes)
-            except (ValueError, TypeError, AttributeError) as exc:
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 raise CheckpointCorruptError(
                     f"checkpoint {where} is damaged: {_pieces_file(process)} does not parse ({exc})"
                 ) from None

@@ -49,6 +49,24 @@ def next_save_id() -> int:
         return next(_sequence)
 
 
+def save_nonce(meeting: str) -> str:
+    """A random token naming one save, the same on every process: process 0 draws it and publishes it through the
+    coordination service under ``meeting``; the others wait for it there.
+
+    Each process writes it into its piece list and process 0 into ``metadata.json``, so a checkpoint whose files
+    come from two writers (two jobs saving under one run id) is detected at commit and at load.
+    """
+    import uuid
+
+    if jax.process_count() == 1:
+        return uuid.uuid4().hex
+    client: Any = _client()
+    key = f"{meeting}/nonce"
+    if jax.process_index() == 0:
+        client.key_value_set(key, uuid.uuid4().hex)
+    return str(client.blocking_key_value_get(key, BARRIER_TIMEOUT_SECONDS * 1000))
+
+
 def _client() -> Any:
     from jax._src import distributed as _jax_distributed  # the coordination client: no public accessor
 

@@ -70,15 +70,29 @@ class Run:
         """
         import jax
 
+        from ponente.trainer.checkpoint import acquire_writer_lease
+
+        config = with_run_id(self.task.config)
+        config = dataclasses.replace(config, trainer=resolve_train_batch_size(config.trainer, jax.device_count()))
+        record = RunRecord.of(config)
+        # one writer per run id: a second process on this run's checkpoints waits, then stops naming the holder
+        ckpt = config.trainer.checkpointer
+        lease = acquire_writer_lease(ckpt.expanded_path(record.run_id), seconds=ckpt.lease_seconds)
+        try:
+            return self._train(config, record, None if lease is None else lease.check)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def _train(self, config: Any, record: RunRecord, guard: Any) -> TrainResult:
+        """:meth:`train` once the run's config is resolved and its writer lease held (``guard`` checks it)."""
+
         from ponente.trainer.callbacks import as_hook
         from ponente.trainer.tracker import init_trackers
         from ponente.trainer.trainer import Trainer
 
         task, startup = self.task, self.startup
-        config = with_run_id(task.config)
-        config = dataclasses.replace(config, trainer=resolve_train_batch_size(config.trainer, jax.device_count()))
         tcfg = config.trainer
-        record = RunRecord.of(config)
         startup.mark("config and tokenizer")
 
         # trackers are created before any other thread starts: the tensorboard tracker hides torch while it imports
@@ -90,6 +104,7 @@ class Run:
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ponente-startup") as pool:
             recorded = startup.background(pool, "run record", record.write, tracker)
             checkpointer = tcfg.checkpointer.create(record.run_id, metadata=record.provenance)
+            checkpointer.guard = guard
             outputs = output_locations(record, checkpoints=checkpointer.run_path, trackers=tcfg.tracker)
             data_seed = tcfg.seed if config.data_seed is None else config.data_seed
             build_caches_once(config.data, tcfg)
