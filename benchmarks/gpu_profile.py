@@ -19,7 +19,6 @@ import gzip
 import importlib.util
 import json
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,16 +28,13 @@ from typing import Any
 import jax
 
 TRACED_STEPS = 3
-KINDS = (
-    ("attention", re.compile(r"cudnn|fmha|flash|sdpa|attention|mha", re.I)),
-    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|matmul|wgmma|dot", re.I)),
-    ("copy/transpose", re.compile(r"copy|transpose|memcpy|memset|dynamic[-_]update", re.I)),
-    ("fusion", re.compile(r"fusion|loop_|input_|reduce|convert|select|broadcast|triton", re.I)),
-)
 
 
 def _kind(name: str) -> str:
-    return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
+    """The kind of a kernel: the trainer profiler's classification (one list of patterns for both)."""
+    from ponente.trainer.profiler import kind_of
+
+    return kind_of(name)
 
 
 def kernel_times(trace_dir: str) -> dict[str, dict[str, float]]:

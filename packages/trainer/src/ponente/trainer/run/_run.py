@@ -158,9 +158,26 @@ class Run:
 
         trainer.hooks.append(as_hook(on_step))
         trainer.hooks.extend(task.hooks(context))
+        profiler = None
+        if tcfg.profiler:
+            from pathlib import Path
+
+            from ponente.trainer.profiler import Profiler
+
+            where = Path(record.run_dir or f"logs/{record.run_id}") / "profile"
+            profiler = Profiler(
+                where,
+                tcfg.profiler_start_step,
+                tcfg.profiler_num_steps,
+                perfetto_link=tcfg.profiler_perfetto_link,
+                tracker=tracker,
+            )
+            trainer.hooks.append(as_hook(profiler))
         state = train_on(
             trainer, state, train_set, rows=rows, eval_fn=evaluator if validation else None, make_batch=task.make_batch
         )
+        if profiler is not None:
+            profiler.close(int(state.step))
         stopped = trainer.last_stop_reason
         steps = int(state.step)
         checkpoint_path = final_checkpoint(checkpointer, state)

@@ -70,6 +70,11 @@ class TrainerConfig:
             checkpoint or run directory); the step, optimizer state and data position start at zero.
         allow_config_change: resume even though a field that must stay fixed for bitwise resumption
             (data, tokenizer, seq_len, batch size, mesh, seed) differs from the checkpoint's config.
+        profiler: trace steps with the JAX profiler into ``<run_dir>/profile`` and log a summary of where the time
+            went (see :mod:`ponente.trainer.profiler`).
+        profiler_start_step: the steps run before the trace starts (compilation and warm-up).
+        profiler_num_steps: how many steps are traced.
+        profiler_perfetto_link: serve the Perfetto trace and log a link to it (the run waits until it is opened).
         distributed: how this process joins a multi-host run (``jax.distributed``; detected on SLURM).
         ray: the Ray cluster that builds data caches with ``data.backend: ray``.
     """
@@ -107,6 +112,10 @@ class TrainerConfig:
     load_checkpoint_path: str | None = None
     initialize_from: str | None = None
     allow_config_change: bool = False
+    profiler: bool = False
+    profiler_start_step: int = 5
+    profiler_num_steps: int = 100
+    profiler_perfetto_link: bool = False
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
 
@@ -119,6 +128,9 @@ class TrainerConfig:
             object.__setattr__(self, "crash_on_nan", None)
         if self.on_nonfinite_loss not in ("skip", "stop"):
             raise ValueError(f"trainer.on_nonfinite_loss must be 'skip' or 'stop', got {self.on_nonfinite_loss!r}")
+        if self.profiler_start_step < 0 or self.profiler_num_steps < 1:
+            key = "profiler_start_step" if self.profiler_start_step < 0 else "profiler_num_steps"
+            raise ValueError(f"trainer.{key}: expected a start step >= 0 and >= 1 steps, got {getattr(self, key)}")
         if not 0 <= self.preemption_exit_code <= 255:
             raise ValueError(f"trainer.preemption_exit_code must be in 0..255, got {self.preemption_exit_code}")
         if self.train_batch_size == -1 and self.per_device_parallelism == -1:
