@@ -43,9 +43,8 @@ from benchmarks.harness import interleaved_times, round_ratio
 from ponente.datacache import PreferenceChatProcessor, PreferencePairDataset, build_cache
 from ponente.models import LlamaConfig
 from ponente.models.lora import LoraConfig, lora_trainable_filter, loraize, unwrap
-from ponente.models.loss import preference_loss
 from ponente.trainer.state import init_state
-from ponente.trainer.tasks.dpo import PAIR_FIELDS, PolicyAndReference, _pair_logprobs, dpo_batch
+from ponente.trainer.tasks.dpo import PAIR_FIELDS, PolicyAndReference, _pair_logprobs, dpo_batch, pair_loss
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
 if TYPE_CHECKING:
@@ -65,25 +64,13 @@ def _loss(mode: str) -> Callable[..., Any]:
 
     def loss(model: Any, batch: Any, *, key: Any) -> Any:
         policy = model.policy if mode == "live" else model
-        chosen, rejected = _pair_logprobs(policy, batch, key=key)
         if mode == "live":
             ref = _pair_logprobs(model.reference, batch, key=None)
         elif mode == "lora":
             ref = _pair_logprobs(unwrap(model), batch, key=None)
         else:
             ref = (batch["reference_chosen_logp"], batch["reference_rejected_logp"])
-        ref_chosen, ref_rejected = jax.lax.stop_gradient(ref)
-        return preference_loss(
-            chosen,
-            rejected,
-            ref_chosen,
-            ref_rejected,
-            chosen_tokens=hax.sum(batch["chosen_loss_mask"], "position"),
-            rejected_tokens=hax.sum(batch["rejected_loss_mask"], "position"),
-            loss_type="sigmoid",
-            beta=BETA,
-            weights=batch["loss_mask"],
-        )
+        return pair_loss(_pair_logprobs(policy, batch, key=key), ref, batch, loss_type="sigmoid", beta=BETA)
 
     return loss
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -161,16 +163,8 @@ class PackedExampleDataset(Dataset[dict[str, np.ndarray]]):
         Returns:
             ``True`` if satisfied, ``False`` on timeout.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            rows = self._refresh()
-            if self._finished or (length is not None and rows >= length):
-                return True
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            # How many examples the next row needs is unknown: wait for one more example at a time.
-            self.cache.wait_until(rows=self._offsets.size, timeout=remaining)
+        # How many examples the next row needs is unknown: wait for one more example at a time.
+        return wait_for_rows(self, length, timeout, lambda: self._offsets.size)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         """Row ``index`` as ``{"input_ids", "segment_ids", "loss_mask", "position_ids"}``."""
@@ -219,6 +213,31 @@ class PackedExampleDataset(Dataset[dict[str, np.ndarray]]):
             ends = np.cumsum(lengths)
             out["position_ids"][k, :n] = np.arange(n) - np.repeat(ends - lengths, lengths)
         return out
+
+
+def wait_for_rows(ds: Any, length: int | None, timeout: float | None, next_examples: Callable[[], int]) -> bool:
+    """``wait_for_length`` of a dataset cut from a growing cache: refresh, and wait on the cache until ``length``
+    rows are readable or it is finished.
+
+    Args:
+        ds: the dataset: its ``_refresh()`` returns the rows readable now, ``_finished`` says the cache is finished,
+            ``cache`` is the token store.
+        length: the rows to wait for (None: until the cache is finished).
+        timeout: seconds (None: no limit).
+        next_examples: how many examples of the cache to wait for next.
+
+    Returns:
+        ``True`` if satisfied, ``False`` on timeout.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        rows = ds._refresh()
+        if ds._finished or (length is not None and rows >= length):
+            return True
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        ds.cache.wait_until(rows=next_examples(), timeout=remaining)
 
 
 def _has_field(cache: TokenStore, field: str) -> bool:

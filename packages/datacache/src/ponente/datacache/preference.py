@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ import numpy as np
 
 from ponente.datacache.dataset import Dataset, Indices, TokenStore, _as_index, _as_index_array
 from ponente.datacache.errors import BAD_PAIR, MISSING_FIELD, WRONG_TYPE
+from ponente.datacache.packing import wait_for_rows
 from ponente.datacache.sft import ChatProcessor, message_problem
 
 if TYPE_CHECKING:
@@ -304,15 +304,8 @@ class PreferencePairDataset(Dataset[dict[str, np.ndarray]]):
 
     def wait_for_length(self, length: int | None = None, *, timeout: float | None = None) -> bool:
         """Block until ``length`` pairs are readable or the cache is finished."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            pairs = self._refresh()
-            if self._finished or (length is not None and pairs >= length):
-                return True
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            self.cache.wait_until(rows=pairs + 1 if length is None else length, timeout=remaining)
+        # one record per pair: wait for the next record (or for the ``length`` asked for)
+        return wait_for_rows(self, length, timeout, lambda: self._offsets.size if length is None else length)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         """Pair ``index`` as the four arrays of `PAIR_FIELDS`."""

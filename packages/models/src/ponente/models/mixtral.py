@@ -12,10 +12,10 @@ import numpy as np
 
 from ponente.namedtensor import Axis
 
-from .config import lm_flops_per_token, padded_vocab_size, register_config
+from .config import register_config
 from .decoder import GatedMlp
 from .llama import LlamaConfig, LlamaLMHeadModel
-from .moe import MOE_DISPATCHES, MoeMlp
+from .moe import MoeMlp, check_moe_fields, sparse_flops_per_token
 
 __all__ = ["MixtralConfig", "MixtralLMHeadModel"]
 
@@ -61,15 +61,9 @@ class MixtralConfig(LlamaConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 1 <= self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(
-                f"MixtralConfig: num_experts_per_tok must be in 1..num_experts ({self.num_experts}), "
-                f"got {self.num_experts_per_tok}"
-            )
+        check_moe_fields("MixtralConfig", self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"MixtralConfig: sliding_window must be positive or None, got {self.sliding_window}")
-        if self.moe_dispatch not in MOE_DISPATCHES:
-            raise ValueError(f"MixtralConfig: moe_dispatch must be one of {MOE_DISPATCHES}, got {self.moe_dispatch!r}")
         if self.qk_norm:
             raise ValueError("MixtralConfig: qk_norm=True is not supported (Hugging Face Mixtral has no QK-norm)")
 
@@ -97,28 +91,11 @@ class MixtralConfig(LlamaConfig):
     def flops_per_token(self, vocab_size: int) -> float:
         """Forward FLOPs per token *of the sparse model*: ``k`` active experts per token, plus the router.
 
-        This is the usual MoE convention for MFU. The default ``"dense"`` dispatch executes
-        ``num_experts / num_experts_per_tok`` times the expert FLOPs counted here; ``"sorted"`` executes them.
-
-        Args:
-            vocab_size: the real vocabulary size.
-
-        Returns:
-            FLOPs per token.
+        This is the usual MoE convention for MFU (:func:`~ponente.models.moe.sparse_flops_per_token`). The default
+        ``"dense"`` dispatch executes ``num_experts / num_experts_per_tok`` times the expert FLOPs counted here;
+        ``"sorted"`` executes them.
         """
-        dense = lm_flops_per_token(
-            hidden_dim=self.hidden_dim,
-            intermediate_dim=self.intermediate_dim * self.num_experts_per_tok,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.HeadSize.size,
-            seq_len=self.seq_len,
-            vocab_size=padded_vocab_size(vocab_size, self.vocab_padding_multiple),
-            glu=True,
-            attention_windows=self.attention_windows(),
-        )
-        return dense + self.num_layers * 2.0 * self.hidden_dim * self.num_experts
+        return sparse_flops_per_token(self, vocab_size, self.intermediate_dim)
 
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``MixtralConfig`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`)."""

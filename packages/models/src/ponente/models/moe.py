@@ -6,6 +6,8 @@ The experts are SwiGLU MLPs whose weights carry an ``experts`` axis, so sharding
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -15,9 +17,18 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
+from .config import lm_flops_per_token, padded_vocab_size
 from .remat import tag
 
-__all__ = ["MOE_DISPATCHES", "MoeMlp", "RouterOutput", "load_balancing_loss", "route_top_k"]
+__all__ = [
+    "MOE_DISPATCHES",
+    "MoeMlp",
+    "RouterOutput",
+    "check_moe_fields",
+    "load_balancing_loss",
+    "route_top_k",
+    "sparse_flops_per_token",
+]
 
 MOE_DISPATCHES = ("dense", "sorted")
 """The expert dispatch strategies of :class:`MoeMlp`."""
@@ -241,3 +252,42 @@ class MoeMlp(ModuleWithStateDictSerialization):
         ys = jax.lax.ragged_dot(hidden, w2, group_sizes) * weights[order][:, None].astype(x.dtype)
         out = jnp.zeros_like(tokens).at[source].add(ys)
         return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))
+
+
+def check_moe_fields(name: str, num_experts: int, num_experts_per_tok: int, dispatch: str) -> None:
+    """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts`` or an
+    unknown ``moe_dispatch``."""
+    if not 1 <= num_experts_per_tok <= num_experts:
+        raise ValueError(
+            f"{name}: num_experts_per_tok must be in 1..num_experts ({num_experts}), got {num_experts_per_tok}"
+        )
+    if dispatch not in MOE_DISPATCHES:
+        raise ValueError(f"{name}: moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
+
+
+def sparse_flops_per_token(config: Any, vocab_size: int, expert_dim: int) -> float:
+    """Forward FLOPs per token of a mixture-of-experts decoder *as a sparse model*: attention and head as a dense
+    model's, ``num_experts_per_tok`` experts of hidden size ``expert_dim`` per token, plus the router.
+
+    This is the usual MoE convention for MFU; the ``"dense"`` dispatch executes ``num_experts /
+    num_experts_per_tok`` times the expert FLOPs counted here, ``"sorted"`` executes them.
+
+    Args:
+        config: the model config (``hidden_dim``, ``num_layers``, heads, ``seq_len``, ``num_experts``,
+            ``num_experts_per_tok``, ``vocab_padding_multiple``, ``attention_windows()``).
+        vocab_size: the real vocabulary size.
+        expert_dim: one expert's hidden size.
+    """
+    dense = lm_flops_per_token(
+        hidden_dim=config.hidden_dim,
+        intermediate_dim=expert_dim * config.num_experts_per_tok,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_size=config.HeadSize.size,
+        seq_len=config.seq_len,
+        vocab_size=padded_vocab_size(vocab_size, config.vocab_padding_multiple),
+        glu=True,
+        attention_windows=config.attention_windows(),
+    )
+    return dense + config.num_layers * 2.0 * config.hidden_dim * config.num_experts

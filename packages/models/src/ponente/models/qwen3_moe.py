@@ -12,9 +12,9 @@ import numpy as np
 
 from ponente.namedtensor import Axis
 
-from .config import lm_flops_per_token, padded_vocab_size, register_config
+from .config import register_config
 from .decoder import GatedMlp
-from .moe import MOE_DISPATCHES, MoeMlp
+from .moe import MoeMlp, check_moe_fields, sparse_flops_per_token
 from .qwen3 import Qwen3Config, Qwen3LMHeadModel
 
 __all__ = ["Qwen3MoeConfig", "Qwen3MoeLMHeadModel"]
@@ -76,15 +76,9 @@ class Qwen3MoeConfig(Qwen3Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        if not 1 <= self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(
-                f"{name}: num_experts_per_tok must be in 1..num_experts ({self.num_experts}), "
-                f"got {self.num_experts_per_tok}"
-            )
+        check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
         if self.moe_intermediate_dim < 1:
             raise ValueError(f"{name}: moe_intermediate_dim must be positive, got {self.moe_intermediate_dim}")
-        if self.moe_dispatch not in MOE_DISPATCHES:
-            raise ValueError(f"{name}: moe_dispatch must be one of {MOE_DISPATCHES}, got {self.moe_dispatch!r}")
         if self.decoder_sparse_step != 1 or self.mlp_only_layers:
             raise ValueError(
                 f"{name}: decoder_sparse_step={self.decoder_sparse_step}, "
@@ -115,20 +109,9 @@ class Qwen3MoeConfig(Qwen3Config):
         )
 
     def flops_per_token(self, vocab_size: int) -> float:
-        """Forward FLOPs per token of the sparse model (``k`` active experts, plus the router), as Mixtral's."""
-        dense = lm_flops_per_token(
-            hidden_dim=self.hidden_dim,
-            intermediate_dim=self.moe_intermediate_dim * self.num_experts_per_tok,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.HeadSize.size,
-            seq_len=self.seq_len,
-            vocab_size=padded_vocab_size(vocab_size, self.vocab_padding_multiple),
-            glu=True,
-            attention_windows=self.attention_windows(),
-        )
-        return dense + self.num_layers * 2.0 * self.hidden_dim * self.num_experts
+        """Forward FLOPs per token of the sparse model (``k`` active experts, plus the router; see
+        :func:`~ponente.models.moe.sparse_flops_per_token`)."""
+        return sparse_flops_per_token(self, vocab_size, self.moe_intermediate_dim)
 
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``Qwen3MoeConfig`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`).

@@ -41,7 +41,7 @@ from .lm import LmTask, row_length
 if TYPE_CHECKING:
     from ponente.models.lora import LoraConfig
 
-__all__ = ["PAIR_FIELDS", "DpoTask", "PolicyAndReference", "dpo_batch"]
+__all__ = ["PAIR_FIELDS", "DpoTask", "PolicyAndReference", "dpo_batch", "pair_loss"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,50 @@ def dpo_batch(rows: Mapping[str, np.ndarray]) -> dict[str, hax.NamedArray]:
         if name in rows:
             batch[name] = hax.named(np.asarray(rows[name], dtype=np.float32).reshape(shape[:1]), ("batch",))
     return batch
+
+
+def pair_loss(
+    policy: tuple[Any, Any],
+    reference: tuple[Any, Any] | None,
+    batch: Mapping[str, hax.NamedArray],
+    *,
+    loss_type: str,
+    beta: float,
+    label_smoothing: float = 0.0,
+    simpo_gamma: float = 0.5,
+) -> Any:
+    """The preference loss and ``dpo_*`` metrics of a batch of pairs (:func:`ponente.models.loss.preference_loss`).
+
+    Args:
+        policy: the policy's sequence log-probs ``(chosen, rejected)``.
+        reference: the reference's (no gradient flows into them), or None for a reference-free loss.
+        batch: the pair batch (:func:`dpo_batch`): its masks give the responses' lengths, ``loss_mask`` the pairs'
+            weights.
+        loss_type: ``sigmoid``, ``ipo``, ``hinge`` or ``simpo``.
+        beta: the reward temperature.
+        label_smoothing: conservative DPO's flip probability.
+        simpo_gamma: SimPO's target margin.
+    """
+    import jax
+
+    from ponente.models.loss import preference_loss
+
+    ref_chosen = ref_rejected = None
+    if reference is not None:
+        ref_chosen, ref_rejected = jax.lax.stop_gradient(reference)
+    return preference_loss(
+        policy[0],
+        policy[1],
+        ref_chosen,
+        ref_rejected,
+        chosen_tokens=hax.sum(batch["chosen_loss_mask"], "position"),
+        rejected_tokens=hax.sum(batch["rejected_loss_mask"], "position"),
+        loss_type=loss_type,
+        beta=beta,
+        label_smoothing=label_smoothing,
+        simpo_gamma=simpo_gamma,
+        weights=batch["loss_mask"],
+    )
 
 
 def _pair_logprobs(model: Any, batch: Mapping[str, hax.NamedArray], *, key: Any) -> tuple[Any, Any]:
@@ -252,38 +296,26 @@ class DpoTask(LmTask):
 
     def loss(self, model: Any, batch: Any, *, key: Any) -> Any:
         """The preference loss of the batch's pairs and the ``dpo_*`` metrics (see
-        :func:`ponente.models.loss.preference_loss`)."""
-        import jax
-
-        from ponente.models.loss import preference_loss
-
+        :func:`pair_loss`)."""
         policy = self.eval_model(self.policy(model), key)
-        chosen, rejected = _pair_logprobs(policy, batch, key=key)
+        reference: tuple[Any, Any] | None = None
         if self.reference == "batch":
-            ref_chosen, ref_rejected = batch["reference_chosen_logp"], batch["reference_rejected_logp"]
+            reference = (batch["reference_chosen_logp"], batch["reference_rejected_logp"])
         elif self.reference == "model":
-            ref_chosen, ref_rejected = _pair_logprobs(model.reference, batch, key=None)
+            reference = _pair_logprobs(model.reference, batch, key=None)
         elif self.reference == "adapters off":
             from ponente.models.lora import unwrap
 
-            ref_chosen, ref_rejected = _pair_logprobs(unwrap(self.policy(model)), batch, key=None)
-        else:
-            ref_chosen = ref_rejected = None
-        if ref_chosen is not None:
-            ref_chosen, ref_rejected = jax.lax.stop_gradient((ref_chosen, ref_rejected))
+            reference = _pair_logprobs(unwrap(self.policy(model)), batch, key=None)
         cfg = self.dpo
-        return preference_loss(
-            chosen,
-            rejected,
-            ref_chosen,
-            ref_rejected,
-            chosen_tokens=hax.sum(batch["chosen_loss_mask"], "position"),
-            rejected_tokens=hax.sum(batch["rejected_loss_mask"], "position"),
+        return pair_loss(
+            _pair_logprobs(policy, batch, key=key),
+            reference,
+            batch,
             loss_type=self.loss_type,
             beta=cfg.beta,
             label_smoothing=cfg.label_smoothing,
             simpo_gamma=cfg.simpo_gamma,
-            weights=batch["loss_mask"],
         )
 
     def flops_per_token(self) -> float | None:
