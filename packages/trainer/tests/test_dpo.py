@@ -210,19 +210,28 @@ def test_a_bad_row_stops_the_run_naming_file_row_and_field(
 
 
 @pytest.mark.integration
-def test_lora_dpo_learns_the_preference_and_its_adapter_loads_in_peft(tmp_path: Path, tiny_llama: Path) -> None:
-    """LoRA-DPO on the learnable synthetic preference: held-out pairs end with a positive reward margin for most
-    pairs; the PEFT adapter loads on the base model."""
+@pytest.mark.parametrize("variant", ["full", "lora"])
+def test_dpo_learns_the_preference_and_lora_dpos_adapter_loads_in_peft(
+    variant: str, tmp_path: Path, tiny_llama: Path
+) -> None:
+    """DPO (full, and LoRA-DPO) on the learnable synthetic preference: held-out pairs end with a positive reward
+    margin for most pairs; the PEFT adapter of LoRA-DPO loads on the base model."""
     import peft
     import transformers
 
-    lora = "--lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj, gate_proj, up_proj, down_proj]}"
-    argv = _overrides(tmp_path, tiny_llama, 60, lora, f"--peft_save_path={tmp_path / 'peft'}", "--beta=0.5")
-    assert train_dpo.main(argv) == 0
+    extra = ["--beta=0.5"]
+    if variant == "lora":
+        lora = "--lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj, gate_proj, up_proj, down_proj]}"
+        extra += [lora, f"--peft_save_path={tmp_path / 'peft'}"]
+    else:
+        extra += ["--optimizer.learning_rate=5e-4"]
+    assert train_dpo.main(_overrides(tmp_path, tiny_llama, 60, *extra)) == 0
     evals = [r for r in _metrics(tmp_path) if "eval/validation/dpo_accuracy" in r]
     assert evals[-1]["eval/validation/dpo_accuracy"] > 0.6, evals[-1]
-    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama)
-    peft.PeftModel.from_pretrained(base, tmp_path / "peft")
+    assert evals[-1]["eval/validation/dpo_margin_policy"] > evals[-1]["eval/validation/dpo_margin_ref"], evals[-1]
+    if variant == "lora":
+        base = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama)
+        peft.PeftModel.from_pretrained(base, tmp_path / "peft")
 
 
 def test_epoch_sets_the_steps_from_the_training_pairs(tmp_path: Path, tiny_llama: Path) -> None:
