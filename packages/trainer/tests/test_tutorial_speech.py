@@ -172,7 +172,7 @@ def test_tutorial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ours = [h.strip() for h in ponente_out]
     assert len(ours) == len(hypotheses)
     # the same greedy decoding of the same weights: float32 rounding of torch's and XLA's CPU kernels may flip an
-    # argmax where two tokens nearly tie (one machine's CI saw it), so one transcript of the page's eight may differ
+    # argmax where two tokens nearly tie, so one transcript of the page's eight may differ
     differ = [(a, b) for a, b in zip(hypotheses, ours, strict=True) if a != b]
     assert len(differ) <= 1, differ
     assert jiwer.wer([r["text"] for r in rows], hypotheses) < 0.3, hypotheses
