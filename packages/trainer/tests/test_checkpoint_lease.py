@@ -112,3 +112,33 @@ def test_a_checkpoint_mixing_two_saves_does_not_load(tmp_path: Path) -> None:
     pieces.write_text(json.dumps({**json.loads(pieces.read_text()), "nonce": "another-save"}))
     with pytest.raises(CheckpointCorruptError, match=r"process-0\.json was written by another save"):
         load_checkpoint(_tree(), path)
+
+
+@pytest.mark.integration
+def test_two_processes_on_one_run_id_one_trains_the_other_stops(tmp_path: Path, tiny_lm_overrides) -> None:
+    """A slowed writer holds the run; a second process on the same run id exits 1 with one line naming the holder,
+    and every committed checkpoint loads (one writer's data)."""
+    from conftest import TrainLmProcess, write_config
+
+    from ponente.trainer.checkpoint import discover_checkpoints
+    from ponente.trainer.checkpoint._io import SLOW_CHECKPOINT_ENV
+
+    write_config(
+        tmp_path,
+        [*tiny_lm_overrides(6), "trainer.checkpointer.lease_seconds=3", "trainer.checkpointer.keep=[{every: 2}]"],
+    )
+    first = TrainLmProcess(tmp_path, 1, env={SLOW_CHECKPOINT_ENV: "8"})
+    first.wait_until(lambda: "waiting before the commit" in first.stderr(), "a slowed save")
+    second = TrainLmProcess(tmp_path, 2)
+    assert second.finish() == 1
+    last = second.stderr().strip().splitlines()[-1]
+    assert last.startswith("error: trainer.checkpointer:"), last
+    assert "another process" in last
+    assert first.finish() == 0, first.stderr()[-3000:]
+    committed = [c for c in discover_checkpoints(tmp_path / "ckpt" / "tiny") if c.committed]
+    assert [c.step for c in committed][-1] == 6
+    for checkpoint in committed:
+        meta = read_metadata(str(checkpoint.path))
+        assert meta is not None
+        nonces = {json.loads((Path(checkpoint.path) / "process-0.json").read_text())["nonce"]}
+        assert nonces == {meta["nonce"]}
