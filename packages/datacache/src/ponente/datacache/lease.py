@@ -228,10 +228,11 @@ class BuilderLease:
                 self.other = record
                 return False
             logger.warning(
-                "the %s lease of %s (held by %s) expired without renewal: taking it over",
+                "the %s lease of %s (held by %s) expired without renewal: taking over%s",
                 self.role,
                 self.location,
                 record.holder if record else "an unreadable lease",
+                " the build" if self.role == "builder" else "",
             )
         started = time.monotonic()
         now = time.time()
