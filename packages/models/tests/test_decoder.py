@@ -1,4 +1,4 @@
-"""The shared decoder (``ponente.models.decoder``): its families give the numbers pinned before it existed
+"""The shared decoder (``ponente.models.decoder``): its families give the numbers pinned before they moved onto it
 (when each family had its own block and decode path); its config checks.
 
 The pins are float hex of a tiny model per family (CPU): the next-token loss of a batch, and the sum of the real
@@ -21,6 +21,9 @@ import pytest
 
 import ponente.namedtensor as hax
 from ponente.models import (
+    Gemma2Config,
+    Gemma3Config,
+    GemmaConfig,
     LlamaConfig,
     LmExample,
     MistralConfig,
@@ -33,6 +36,7 @@ from ponente.models import (
 
 _S: dict[str, Any] = {"seq_len": 16, "hidden_dim": 32, "intermediate_dim": 48, "num_layers": 3, "num_heads": 4}
 _SLIDE = ("sliding_attention", "full_attention", "sliding_attention")
+_G: dict[str, Any] = {k: v for k, v in _S.items() if k != "num_layers"} | {"num_kv_heads": 2, "head_dim": 8}
 CONFIGS: dict[str, Callable[[], Any]] = {
     "llama": lambda: LlamaConfig(**_S, num_kv_heads=2, vocab_padding_multiple=16),
     "llama-tied-qk": lambda: LlamaConfig(**_S, num_kv_heads=2, tie_word_embeddings=True, qk_norm=True),
@@ -43,6 +47,21 @@ CONFIGS: dict[str, Callable[[], Any]] = {
     ),
     "olmo2": lambda: Olmo2Config(**_S, num_kv_heads=2, attention_bias=True),
     "mixtral": lambda: MixtralConfig(**_S, num_kv_heads=2, num_experts=4, num_experts_per_tok=2, sliding_window=5),
+    "gemma-untied-pad": lambda: GemmaConfig(**_G, num_layers=2, tie_word_embeddings=False, vocab_padding_multiple=16),
+    "gemma2": lambda: Gemma2Config(**_G, num_layers=3, sliding_window=4, query_pre_attn_scalar=12),
+    "gemma2-pad-attn-cap": lambda: Gemma2Config(
+        **_G,
+        num_layers=3,
+        sliding_window=5,
+        tie_word_embeddings=False,
+        vocab_padding_multiple=16,
+        final_logit_softcapping=None,
+        attn_logit_softcapping=20.0,
+    ),
+    "gemma3": lambda: Gemma3Config(**_G, num_layers=7, sliding_window=4),
+    "gemma3-nowindow-cap": lambda: Gemma3Config(
+        **_G, num_layers=3, sliding_window=None, layer_types=_SLIDE, final_logit_softcapping=10.0
+    ),
 }
 # recorded from the commit before the shared decoder (each family's own block and decode)
 PINNED: dict[str, tuple[str, str]] = {
@@ -53,6 +72,12 @@ PINNED: dict[str, tuple[str, str]] = {
     "qwen3": ("0x1.1d769e0000000p+2", "0x1.d868959e80000p+4"),
     "olmo2": ("0x1.201a760000000p+2", "0x1.37442cc200000p+2"),
     "mixtral": ("0x1.2579e20000000p+2", "0x1.7d9ba36880000p+2"),
+    # recorded from the commit before Gemma moved onto the shared decoder (its own block and decode)
+    "gemma-untied-pad": ("0x1.25bbae0000000p+2", "0x1.f9187fc900000p+3"),
+    "gemma2": ("0x1.f994a60000000p+1", "0x1.cc37a8e800000p-3"),
+    "gemma2-pad-attn-cap": ("0x1.1e83360000000p+2", "0x1.46a3ba0a80000p+2"),
+    "gemma3": ("0x1.fb3bda0000000p+1", "0x1.17a73f5140000p-2"),
+    "gemma3-nowindow-cap": ("0x1.f7a2c00000000p+1", "0x1.c80d5b1080000p+0"),
 }
 V, B, P = hax.Axis("vocab", 53), hax.Axis("batch", 2), hax.Axis("position", 16)
 

@@ -142,6 +142,28 @@ def test_blockwise_loss_matches_full_loss() -> None:
     np.testing.assert_allclose(float(blockwise), float(full), rtol=1e-5)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known issue (CHANGELOG): Gemma's get_lm_head keeps the padding rows of a padded vocabulary, so the "
+    "blockwise loss sums over them (the plain loss masks them); kept bitwise by the move onto the shared decoder",
+)
+def test_blockwise_loss_matches_full_loss_with_a_padded_vocabulary() -> None:
+    cfg = GemmaConfig(
+        seq_len=8,
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        vocab_padding_multiple=16,
+    )
+    model = cfg.build(hax.Axis("vocab", 37), key=jax.random.key(1))
+    example = LmExample.causal(hax.named(jnp.asarray(_ids(8, vocab=37)), ("batch", "position")))
+    full = compute_next_token_loss(model, example, block_size=None).scalar()
+    blockwise = compute_next_token_loss(model, example, block_size=8).scalar()
+    np.testing.assert_allclose(float(blockwise), float(full), rtol=1e-5)
+
+
 def test_gemma_trains(train_losses: Any) -> None:
     cfg = GemmaConfig(seq_len=16, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2)
     model = cfg.build(hax.Axis("vocab", 50), key=jax.random.key(0))

@@ -1,9 +1,9 @@
 """Per-layer attention kinds (Hugging Face ``layer_types``): which layers of a stack attend over a sliding window.
 
 Models whose layers mix sliding-window and full causal attention (Gemma 2/3, Qwen2/3) keep all layers in one
-scanned :class:`~ponente.namedtensor.nn.Stacked`: the scan is fed a boolean flag per layer
-(:func:`layer_kinds`) and each block picks its variant with :func:`select_by_kind`, restricting the mask with
-:func:`with_sliding_window` in the sliding variant.
+scanned :class:`~ponente.namedtensor.nn.Stacked`: the scan is fed a boolean flag per layer (see
+:meth:`~ponente.models.decoder.DecoderLM._windows`) and each block picks its variant with :func:`select_by_kind`,
+restricting the mask with :func:`with_sliding_window` in the sliding variant.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import jax
-import jax.numpy as jnp
 
-import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import attention as hattn
 
@@ -25,7 +23,6 @@ __all__ = [
     "LAYER_TYPES",
     "SLIDING",
     "check_layer_types",
-    "layer_kinds",
     "select_by_kind",
     "with_sliding_window",
 ]
@@ -54,28 +51,6 @@ def check_layer_types(layer_types: Sequence[str], num_layers: int, where: str) -
     unknown = sorted({t for t in layer_types if t not in LAYER_TYPES})
     if unknown:
         raise ValueError(f"{where}: layer_types {unknown} are not supported; expected entries of {LAYER_TYPES}")
-
-
-def layer_kinds(layer_types: Sequence[str], Layers: Axis) -> bool | NamedArray:
-    """Per layer, whether it slides: one bool when all layers agree, else a boolean array over ``Layers``.
-
-    A plain bool keeps a uniform stack free of ``lax.cond``; the array is split per layer by ``Stacked.fold``.
-
-    Args:
-        layer_types: the per-layer kinds (entries of :data:`LAYER_TYPES`).
-        Layers: the layers axis of the stack.
-
-    Returns:
-        ``True``/``False``, or a ``(Layers,)`` boolean NamedArray.
-
-    Example:
-        >>> import ponente.namedtensor as hax
-        >>> layer_kinds([FULL, SLIDING], hax.Axis("layers", 2)).array.tolist()
-        [False, True]
-    """
-    if len(set(layer_types)) == 1:
-        return layer_types[0] == SLIDING
-    return hax.named(jnp.asarray([t == SLIDING for t in layer_types]), Layers)
 
 
 def select_by_kind(sliding: bool | NamedArray, local: Callable[[], T], full: Callable[[], T]) -> T:

@@ -1,24 +1,33 @@
-"""The decoder shared by the Llama-style families: one stack, one block, one forward with an optional KV cache.
+"""The decoder shared by the decoder-only families: one stack, one block, one forward with an optional KV cache.
 
 A model is token embedding → ``Stacked`` blocks (scanned) → final norm → output projection. Each block is
 self-attention then a feed-forward network, both residual; the family's config chooses the parts:
 
-- **norm placement** (``config.norm_placement``): ``"pre"`` (Llama: ``x + attn(norm(x))``, ``x + mlp(norm(x))``)
-  or ``"post"`` (OLMo 2: ``x + norm(attn(x))``, ``x + norm(mlp(x))``);
+- **norm** (``config.init_norm``): :class:`~ponente.namedtensor.nn.RmsNorm` (scale ``w``) or :class:`GemmaRmsNorm`
+  (scale ``1 + w``, in float32);
+- **norm placement** (``config.norm_placement``): ``"pre"`` (Llama: ``x + attn(norm(x))``, ``x + mlp(norm(x))``),
+  ``"post"`` (OLMo 2: ``x + norm(attn(x))``, ``x + norm(mlp(x))``) or ``"sandwich"`` (Gemma 2/3:
+  ``x + norm(attn(norm(x)))``, ``x + norm(mlp(norm(x)))``);
 - **attention** (``config.init_attention``): grouped-query :class:`~ponente.models.attention.Attention`, with biases
-  or not, or :class:`QkNormAttention` (RMS-normalized queries and keys, per head or over all heads);
-- **sliding windows** (``config.attention_windows()``): per layer a window or None; a stack mixing both kinds
-  stays one scan and picks the mask per layer (:func:`~ponente.models._layer_types.select_by_kind`);
-- **feed-forward** (``config.init_feed_forward``): a SwiGLU :class:`GatedMlp` (state-dict key ``mlp``) or a
-  mixture of experts (:class:`~ponente.models.moe.MoeMlp`, key ``block_sparse_moe``), whose routing the stack
-  returns for the load-balancing loss (weighted by ``config.router_aux_loss_coef``).
+  or not, or :class:`QkNormAttention` (RMS-normalized queries and keys, per head or over all heads; optionally its
+  own rotary for sliding layers, a logit scale and a logit soft cap);
+- **sliding windows** (``config.sliding_layers()``, ``config.attention_windows()``): per layer whether it slides,
+  and the window; a stack mixing both kinds stays one scan and picks the mask (and rotary) per layer
+  (:func:`~ponente.models._layer_types.select_by_kind`);
+- **feed-forward** (``config.init_feed_forward``): a gated :class:`GatedMlp` (SwiGLU or GeGLU; state-dict key
+  ``mlp``) or a mixture of experts (:class:`~ponente.models.moe.MoeMlp`, key ``block_sparse_moe``), whose routing
+  the stack returns for the load-balancing loss (weighted by ``config.router_aux_loss_coef``).
+
+A model class may scale the token embeddings (:meth:`DecoderLM._embed`) or change the logits after the output
+projection (:meth:`DecoderLM._project_out`), as Gemma does.
 
 The training forward and cached decoding are the same code: :meth:`DecoderLM.decode` runs the stack with a
 :class:`~ponente.models.kv_cache.KvCache` as part of the scan's carry, and each block's attention writes its keys
 and values there and attends over them instead of over the sequence.
 
 A new family whose blocks are made of these parts is its config (a :class:`~ponente.models.LlamaConfig`
-subclass, overriding the hooks) and its Hugging Face names (see the docs' "How to add a family").
+subclass overriding the hooks, or any config providing :class:`DecoderConfig`) and its Hugging Face names (see the
+docs' "How to add a family").
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any, ClassVar, Literal, Protocol, Self
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
@@ -40,24 +50,73 @@ from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
 from .moe import MoeMlp, RouterOutput, load_balancing_loss
 from .remat import tag
-from .rotary import apply_rotary
+from .rotary import RotaryConfig, apply_rotary
 
 __all__ = [
     "ROUTER_AUX_LOSS",
+    "Activation",
     "DecoderBlock",
     "DecoderConfig",
     "DecoderLM",
     "DecoderStack",
     "GatedMlp",
+    "GemmaRmsNorm",
+    "Norm",
     "NormPlacement",
     "QkNormAttention",
 ]
 
-NormPlacement = Literal["pre", "post"]
-"""Where a block's RMSNorms sit: on the sub-layers' inputs (``"pre"``) or on their outputs (``"post"``)."""
+NormPlacement = Literal["pre", "post", "sandwich"]
+"""Where a block's RMSNorms sit: on the sub-layers' inputs (``"pre"``), on their outputs (``"post"``) or both."""
+
+Activation = Literal["silu", "gelu", "gelu_tanh"]
+"""The activation of a :class:`GatedMlp`'s gate: SiLU (SwiGLU), exact GELU, or its tanh approximation (GeGLU)."""
 
 ROUTER_AUX_LOSS = "router_aux_loss"
 """The name of a mixture of experts' load-balancing term among the auxiliary losses."""
+
+
+class GemmaRmsNorm(eqx.Module):
+    """Gemma's RMSNorm: ``x / sqrt(mean(x²) + eps) * (1 + weight)``, computed in float32, returned in ``x``'s dtype.
+
+    Attributes:
+        weight: the learned offset of the scale (zeros: the identity scale).
+        axis: the normalized axis.
+        eps: added to the mean square.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> norm = GemmaRmsNorm.init(hax.Axis("embed", 2), eps=0.0)
+        >>> [round(v, 4) for v in norm(hax.named(jnp.array([3.0, 4.0]), "embed")).array.tolist()]
+        [0.8485, 1.1314]
+    """
+
+    weight: NamedArray
+    axis: Axis = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=1e-6)
+
+    @staticmethod
+    def init(axis: Axis, *, eps: float) -> GemmaRmsNorm:
+        """A norm over ``axis`` with zero weight (unit scale).
+
+        Args:
+            axis: the normalized axis.
+            eps: added to the mean square.
+
+        Returns:
+            The layer.
+        """
+        return GemmaRmsNorm(hax.zeros(axis), axis, eps)
+
+    def __call__(self, x: NamedArray) -> NamedArray:
+        """Normalize ``x`` over ``axis`` (other axes are batch axes)."""
+        xf = x.astype(jnp.float32)
+        inv_rms = 1.0 / hax.sqrt(hax.mean(xf * xf, axis=self.axis.name) + self.eps)
+        return (xf * inv_rms * (1.0 + self.weight.astype(jnp.float32))).astype(x.dtype)
+
+
+Norm = RmsNorm | GemmaRmsNorm
+"""A block's normalization layer (``config.init_norm`` chooses)."""
 
 
 class DecoderConfig(Protocol):
@@ -89,50 +148,79 @@ class DecoderConfig(Protocol):
 
     def padded_vocab(self, Vocab: Axis) -> Axis: ...
     def attention_windows(self) -> tuple[int | None, ...]: ...
+    def sliding_layers(self) -> tuple[bool, ...]: ...
+    def init_norm(self, axis: Axis) -> Norm: ...
     def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention: ...
     def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp: ...
 
 
 class GatedMlp(eqx.Module):
-    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+    """A gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))``; SwiGLU with ``silu``, GeGLU with a GELU.
+
+    Attributes:
+        gate_proj: ``Embed -> Mlp``.
+        up_proj: ``Embed -> Mlp``.
+        down_proj: ``Mlp -> Embed``.
+        activation: ``"silu"`` (the default), ``"gelu"`` (exact) or ``"gelu_tanh"`` (tanh approximation) (static).
+    """
 
     gate_proj: Linear
     up_proj: Linear
     down_proj: Linear
+    activation: Activation = eqx.field(static=True, default="silu")
 
     @staticmethod
-    def init(Embed: Axis, Mlp: Axis, keys: jax.Array) -> GatedMlp:
+    def init(Embed: Axis, Mlp: Axis, keys: jax.Array, activation: Activation = "silu") -> GatedMlp:
         """Create the three projections (without biases) from three PRNG keys (gate, up, down)."""
         k_gate, k_up, k_down = keys
         return GatedMlp(
             Linear.init(Embed, Mlp, key=k_gate, use_bias=False),
             Linear.init(Embed, Mlp, key=k_up, use_bias=False),
             Linear.init(Mlp, Embed, key=k_down, use_bias=False),
+            activation=activation,
         )
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Apply the MLP to ``(..., embed)``."""
         gate, up = tag((self.gate_proj(x), self.up_proj(x)), "mlp_in")
-        return tag(self.down_proj(hax.nn.silu(gate) * up), "mlp_out")
+        if self.activation == "silu":
+            act = hax.nn.silu(gate)
+        else:
+            act = hax.nn.gelu(gate, approximate=self.activation == "gelu_tanh")
+        return tag(self.down_proj(act * up), "mlp_out")
 
 
 class QkNormAttention(ModuleWithStateDictSerialization):
-    """Grouped-query attention whose queries and keys are RMS-normalized before the rotary embedding.
+    """Grouped-query attention with an optional QK-norm and the attention settings of the Gemma family.
 
     Reuses :class:`~ponente.models.attention.Attention`'s projections, rotary settings and backend. The norms are
-    the QK-norm of Qwen3 (one learned scale over ``head_size`` shared by all heads) or of OLMo 2 (a scale over all
-    head axes). Its state-dict keys are ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm`` and ``k_norm``
-    (as Hugging Face's). Called through :func:`self_attention`.
+    the QK-norm of Qwen3 (one learned scale over ``head_size`` shared by all heads), of OLMo 2 (a scale over all
+    head axes) or of Gemma 3 (a ``(1 + w)`` scale over ``head_size``), applied before the rotary embedding; Gemma 1/2
+    have none. Its state-dict keys are ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm`` and ``k_norm`` (as
+    Hugging Face's). Called through :func:`self_attention`.
+
+    With ``local_rotary`` (the Gemma family) the layer holds both kinds of layer: it projects (and normalizes) the
+    queries, keys and values once and then picks the rotary, mask and window of a sliding or a full layer;
+    without it the block picks between two whole calls of the layer. The two orders round differently (by about
+    1e-6), and each family keeps the one it was validated with.
 
     Attributes:
-        attn: the projections, rotary settings and backend.
-        q_norm: the query norm.
-        k_norm: the key norm.
+        attn: the projections, rotary settings (of full-attention layers) and backend.
+        q_norm: the query norm, or None.
+        k_norm: the key norm, or None.
+        local_rotary: the rotary settings of sliding layers (Gemma 3: another base), or None: ``attn.rotary``, and
+            the choice between sliding and full attention is made around the whole layer (static).
+        scaling: multiplies the attention logits (None: ``1 / sqrt(head_size)``) (static).
+        soft_cap: caps the attention logits with ``cap * tanh(logits / cap)`` (None: no cap; only the backends that
+            support it, see :mod:`ponente.models.attention.backends`) (static).
     """
 
     attn: Attention
-    q_norm: RmsNorm
-    k_norm: RmsNorm
+    q_norm: Norm | None
+    k_norm: Norm | None
+    local_rotary: RotaryConfig | None = eqx.field(static=True, default=None)
+    scaling: float | None = eqx.field(static=True, default=None)
+    soft_cap: float | None = eqx.field(static=True, default=None)
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {"attn": None}
@@ -163,15 +251,82 @@ class QkNormAttention(ModuleWithStateDictSerialization):
         key: jax.Array | None = None,
         pos_ids: NamedArray | None = None,
     ) -> NamedArray:
-        """Attend over the ``position`` axis of ``x`` (``(..., position, embed)``), like ``Attention``."""
+        """Attend over the ``position`` axis of ``x`` (``(..., position, embed)``) as a full-attention layer."""
         del key
         return self_attention(self, x, mask, pos_ids=pos_ids)[0]
+
+
+_Qkv = tuple[NamedArray, NamedArray, NamedArray]
+
+
+def _project(layer: Attention | QkNormAttention, x: NamedArray) -> _Qkv:
+    """The queries, keys and values of ``x`` (QK-normalized if the layer has the norms)."""
+    a = layer.attn if isinstance(layer, QkNormAttention) else layer
+    q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+    if isinstance(layer, QkNormAttention) and layer.q_norm is not None and layer.k_norm is not None:
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    return q, k, v
+
+
+def _attend(
+    layer: Attention | QkNormAttention,
+    qkv: _Qkv,
+    Pos: Axis,
+    rotary: RotaryConfig | None,
+    mask: AttentionMask | NamedArray | None,
+    window: int | None,
+    pos_ids: NamedArray | None,
+    cache: KvCache | None,
+) -> tuple[NamedArray, KvCache | None]:
+    """Rotate ``qkv``'s queries and keys, then attend over the positions or (writing to it first) over ``cache``.
+
+    Returns:
+        ``(the attention's output before ``o_proj``, the updated cache or None)``.
+    """
+    a = layer.attn if isinstance(layer, QkNormAttention) else layer
+    scaling, soft_cap = (layer.scaling, layer.soft_cap) if isinstance(layer, QkNormAttention) else (None, None)
+    q, k, v = qkv
+    HeadSize = a.o_proj.weight.resolve_axis("head_size")
+    if rotary is not None:
+        q = apply_rotary(q, Pos, HeadSize, rotary, pos_ids)
+        k = apply_rotary(k, Pos, HeadSize, rotary, pos_ids)
+    if cache is None:
+        out = attention(
+            Pos,
+            HeadSize,
+            q,
+            k,
+            v,
+            mask,
+            scaling_factor=scaling,
+            backend=a.backend,
+            block_size=a.block_size,
+            logit_soft_cap=soft_cap,
+        )
+        return out, None
+    if pos_ids is None:
+        raise ValueError("self_attention: decoding with a cache needs pos_ids (the tokens' cache slots)")
+    cache = cache.update(k, v, pos_ids)
+    out = decode_attention(
+        HeadSize,
+        q,
+        cache,
+        pos_ids,
+        window=window,
+        scaling_factor=scaling,
+        logit_soft_cap=soft_cap,
+        backend=a.backend,
+        block_size=a.block_size,
+    )
+    return out, cache
 
 
 def self_attention(
     layer: Attention | QkNormAttention,
     x: NamedArray,
     mask: AttentionMask | NamedArray | None,
+    sliding_mask: AttentionMask | NamedArray | None = None,
+    sliding: bool | NamedArray = False,
     *,
     pos_ids: NamedArray | None,
     cache: KvCache | None = None,
@@ -180,32 +335,35 @@ def self_attention(
     """Self-attention of ``x`` (``(..., position, embed)``) over its own positions, or over ``cache``.
 
     Args:
-        layer: the projections (and QK-norm).
+        layer: the projections (and QK-norm, and Gemma's settings).
         x: the block's normalized input.
-        mask: the attention mask of the forward pass (unused with a cache: the slots' positions decide).
+        mask: the attention mask of a full-attention layer (unused with a cache: the slots' positions decide).
+        sliding_mask: the mask of a sliding layer (``mask`` restricted to the window; only read if ``sliding``).
+        sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside a scan over layers of both
+            kinds, where ``jax.lax.cond`` runs only the chosen variant).
         pos_ids: the rotary positions (None: ``0 .. n - 1``; required with a cache, where they are also the slots).
         cache: this layer's cache: write the tokens' keys and values there and attend over it; None: no cache.
-        window: with a cache, how many keys a query sees (the sliding window; None: all earlier ones).
+        window: with a cache, how many keys a query of a sliding layer sees (None: all earlier ones).
 
     Returns:
         ``((..., position, embed), the updated cache or None)``.
     """
     a = layer.attn if isinstance(layer, QkNormAttention) else layer
-    q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-    if isinstance(layer, QkNormAttention):
-        q, k = layer.q_norm(q), layer.k_norm(k)
     Pos = x.resolve_axis("position")
-    HeadSize = a.o_proj.weight.resolve_axis("head_size")
-    if a.rotary is not None:
-        q = apply_rotary(q, Pos, HeadSize, a.rotary, pos_ids)
-        k = apply_rotary(k, Pos, HeadSize, a.rotary, pos_ids)
-    if cache is None:
-        out = attention(Pos, HeadSize, q, k, v, mask, backend=a.backend, block_size=a.block_size)
-    else:
-        if pos_ids is None:
-            raise ValueError("self_attention: decoding with a cache needs pos_ids (the tokens' cache slots)")
-        cache = cache.update(k, v, pos_ids)
-        out = decode_attention(HeadSize, q, cache, pos_ids, window=window, backend=a.backend, block_size=a.block_size)
+    local_rotary = layer.local_rotary if isinstance(layer, QkNormAttention) else None
+    if local_rotary is None:
+
+        def whole(m: AttentionMask | NamedArray | None, w: int | None) -> tuple[NamedArray, KvCache | None]:
+            out, new_cache = _attend(layer, _project(layer, x), Pos, a.rotary, m, w, pos_ids, cache)
+            return tag(a.o_proj(out), "attn_out"), new_cache
+
+        return select_by_kind(sliding, lambda: whole(sliding_mask, window), lambda: whole(mask, None))
+    qkv = _project(layer, x)
+    out, cache = select_by_kind(
+        sliding,
+        lambda: _attend(layer, qkv, Pos, local_rotary, sliding_mask, window, pos_ids, cache),
+        lambda: _attend(layer, qkv, Pos, a.rotary, mask, None, pos_ids, cache),
+    )
     return tag(a.o_proj(out), "attn_out"), cache
 
 
@@ -214,40 +372,45 @@ class DecoderBlock(eqx.Module):
 
     ``"pre"``: ``x + self_attn(input_layernorm(x))`` then ``x + mlp(post_attention_layernorm(x))`` (Llama's
     names). ``"post"``: ``x + post_attention_layernorm(self_attn(x))`` then ``x + post_feedforward_layernorm(mlp(x))``
-    (OLMo 2's). Exactly one of ``mlp`` and ``block_sparse_moe`` is set.
+    (OLMo 2's). ``"sandwich"``: ``x + post_attention_layernorm(self_attn(input_layernorm(x)))`` then
+    ``x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))`` (Gemma 2/3's). Exactly one of ``mlp`` and
+    ``block_sparse_moe`` is set.
 
     Attributes:
-        input_layernorm: the attention's input norm (``"pre"``), else None.
+        input_layernorm: the attention's input norm (``"pre"``, ``"sandwich"``), else None.
         self_attn: the attention.
         post_attention_layernorm: the feed-forward's input norm (``"pre"``), or the attention's output norm.
+        pre_feedforward_layernorm: the feed-forward's input norm (``"sandwich"``), else None.
         mlp: the dense feed-forward network, or None.
         block_sparse_moe: the mixture of experts (Mixtral's name), or None.
-        post_feedforward_layernorm: the feed-forward's output norm (``"post"``), else None.
-        norm_placement: ``"pre"`` or ``"post"`` (static).
+        post_feedforward_layernorm: the feed-forward's output norm (``"post"``, ``"sandwich"``), else None.
+        norm_placement: ``"pre"``, ``"post"`` or ``"sandwich"`` (static).
     """
 
-    input_layernorm: RmsNorm | None
+    input_layernorm: Norm | None
     self_attn: Attention | QkNormAttention
-    post_attention_layernorm: RmsNorm
+    post_attention_layernorm: Norm
+    pre_feedforward_layernorm: Norm | None
     mlp: GatedMlp | None
     block_sparse_moe: MoeMlp | None
-    post_feedforward_layernorm: RmsNorm | None
+    post_feedforward_layernorm: Norm | None
     norm_placement: NormPlacement = eqx.field(static=True, default="pre")
 
     @staticmethod
     def init(config: DecoderConfig, *, key: jax.Array) -> DecoderBlock:
         """Create one block: ``key`` splits into the attention's key and the feed-forward's."""
         keys = jax.random.split(key, 1 + config.feed_forward_keys)
-        Embed, eps, pre = config.Embed, config.layer_norm_epsilon, config.norm_placement == "pre"
+        Embed, placement = config.Embed, config.norm_placement
         ff = config.init_feed_forward(keys[1:])
         return DecoderBlock(
-            input_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False) if pre else None,
+            input_layernorm=config.init_norm(Embed) if placement != "post" else None,
             self_attn=config.init_attention(key=keys[0]),
-            post_attention_layernorm=RmsNorm.init(Embed, eps=eps, use_bias=False),
+            post_attention_layernorm=config.init_norm(Embed),
+            pre_feedforward_layernorm=config.init_norm(Embed) if placement == "sandwich" else None,
             mlp=ff if isinstance(ff, GatedMlp) else None,
             block_sparse_moe=ff if isinstance(ff, MoeMlp) else None,
-            post_feedforward_layernorm=None if pre else RmsNorm.init(Embed, eps=eps, use_bias=False),
-            norm_placement=config.norm_placement,
+            post_feedforward_layernorm=config.init_norm(Embed) if placement != "pre" else None,
+            norm_placement=placement,
         )
 
     def __call__(
@@ -275,21 +438,22 @@ class DecoderBlock(eqx.Module):
         Returns:
             ``(the output, the updated cache or None, the routing of a mixture of experts or None)``.
         """
-        pre = self.norm_placement == "pre"
-        h = self.input_layernorm(x) if pre and self.input_layernorm is not None else x
-        out, cache = select_by_kind(
-            sliding,
-            lambda: self_attention(self.self_attn, h, sliding_mask, pos_ids=pos_ids, cache=cache, window=window),
-            lambda: self_attention(self.self_attn, h, mask, pos_ids=pos_ids, cache=cache),
+        h = x if self.input_layernorm is None else self.input_layernorm(x)
+        out, cache = self_attention(
+            self.self_attn, h, mask, sliding_mask, sliding, pos_ids=pos_ids, cache=cache, window=window
         )
-        x = x + (out if pre else self.post_attention_layernorm(out))
-        h = self.post_attention_layernorm(x) if pre else x
+        if self.norm_placement == "pre":
+            x = x + out
+            h = self.post_attention_layernorm(x)
+        else:
+            x = x + self.post_attention_layernorm(out)
+            h = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
         routing = None
         if self.block_sparse_moe is not None:
             y, routing = self.block_sparse_moe(h)
         elif self.mlp is not None:
             y = self.mlp(h)
-        if not pre and self.post_feedforward_layernorm is not None:
+        if self.post_feedforward_layernorm is not None:
             y = self.post_feedforward_layernorm(y)
         return x + y, cache, routing
 
@@ -299,7 +463,7 @@ class DecoderStack(eqx.Module):
 
     embed_tokens: Embedding
     layers: Stacked[DecoderBlock]
-    norm: RmsNorm
+    norm: Norm
 
 
 def _block_step(
@@ -314,7 +478,7 @@ def _block_step(
 
 
 class DecoderLM(LmHeadModel[Any]):
-    """A decoder-only language model on :class:`DecoderStack` (Llama, Mistral, Qwen2/3, OLMo 2, Mixtral).
+    """A decoder-only language model on :class:`DecoderStack` (Llama, Mistral, Qwen2/3, OLMo 2, Mixtral, Gemma 1/2/3).
 
     Attributes:
         transformer: embeddings, layers and final norm (state-dict key ``model``).
@@ -356,7 +520,7 @@ class DecoderLM(LmHeadModel[Any]):
                 PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
             ),
             layers=layers,
-            norm=RmsNorm.init(config.Embed, eps=config.layer_norm_epsilon, use_bias=False),
+            norm=config.init_norm(config.Embed),
         )
         lm_head = None
         if not config.tie_word_embeddings:
@@ -369,15 +533,23 @@ class DecoderLM(LmHeadModel[Any]):
         return self.transformer.embed_tokens.Vocab
 
     def _windows(self) -> tuple[bool | NamedArray, int | None]:
-        """Per layer whether it slides (one bool when all agree, else a ``(layers,)`` array) and the window."""
-        windows = self.config.attention_windows()
-        sizes = sorted({w for w in windows if w is not None})
+        """Per layer whether it slides (one bool when all agree, else a ``(layers,)`` array) and the window.
+
+        The window is None when no layer has one (sliding layers then see every earlier key, but keep their own
+        rotary: Gemma 3).
+        """
+        sizes = sorted({w for w in self.config.attention_windows() if w is not None})
         if len(sizes) > 1:
             raise ValueError(f"{type(self.config).__name__}: sliding layers need one window size, got {sizes}")
-        flags = [w is not None for w in windows]
+        window = sizes[0] if sizes else None
+        flags = self.config.sliding_layers()
         if len(set(flags)) == 1:
-            return flags[0], sizes[0] if sizes else None
-        return hax.named(jax.numpy.asarray(flags), self.config.Layers), sizes[0]
+            return flags[0], window
+        return hax.named(jnp.asarray(flags), self.config.Layers), window
+
+    def _embed(self, input_ids: NamedArray) -> NamedArray:
+        """The token embeddings of ``input_ids`` (``(..., position, embed)``); a family may scale them (Gemma)."""
+        return self.transformer.embed_tokens.embed(input_ids)
 
     def _run(
         self,
@@ -396,7 +568,7 @@ class DecoderLM(LmHeadModel[Any]):
         sliding_mask = mask
         if window is not None:
             sliding_mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
-        x = self.transformer.embed_tokens.embed(input_ids)
+        x = self._embed(input_ids)
         layer_ids = None
         if cache is not None:
             # the stacked cache is the scan's carry and each layer writes its slots in place (no per-layer copies)
@@ -502,8 +674,11 @@ class DecoderLM(LmHeadModel[Any]):
 
     def _logits(self, x: NamedArray) -> NamedArray:
         """The output projection of final hidden states; padded vocabulary entries get the most negative value."""
-        logits = self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
-        return mask_padded_vocab(logits, self.Vocab, self.vocab_size)
+        return mask_padded_vocab(self._project_out(x), self.Vocab, self.vocab_size)
+
+    def _project_out(self, x: NamedArray) -> NamedArray:
+        """``lm_head(x)``, or the tied unembedding; a family may change these logits (Gemma's soft cap)."""
+        return self.transformer.embed_tokens.unembed(x) if self.lm_head is None else self.lm_head(x)
 
     def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
         """An empty cache over ``(layers, batch, kv_heads, cache_position, head_size)`` (see :class:`LmHeadModel`).

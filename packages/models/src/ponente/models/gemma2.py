@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from ._layer_types import FULL, SLIDING, check_layer_types
 from .attention.backends import check_soft_cap_backend
 from .config import _require, register_config
+from .decoder import NormPlacement
 from .gemma import GemmaConfig, GemmaLayout
 from .rotary import RotaryConfig
 
@@ -58,6 +59,7 @@ class Gemma2Config(GemmaConfig):
     hf_architecture: ClassVar[str] = "Gemma2ForCausalLM"
     hf_model_type: ClassVar[str] = "gemma2"
     hf_activation_key: ClassVar[str] = "hidden_activation"
+    norm_placement: ClassVar[NormPlacement] = "sandwich"
 
     query_pre_attn_scalar: int | None = None
     sliding_window: int | None = 4096
@@ -107,7 +109,7 @@ class Gemma2Config(GemmaConfig):
             scaling=float(scalar) ** -0.5,
             attn_logit_softcapping=self.attn_logit_softcapping,
             final_logit_softcapping=self.final_logit_softcapping,
-            sandwich_norms=True,
+            sandwich_norms=self.norm_placement == "sandwich",
             qk_norm=False,
         )
 

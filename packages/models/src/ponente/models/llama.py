@@ -9,10 +9,11 @@ from typing import Any, ClassVar
 import jax
 
 from ponente.namedtensor import Axis
+from ponente.namedtensor.nn import RmsNorm
 
 from .attention import Attention
 from .config import LmConfig, _require, register_config
-from .decoder import DecoderLM, GatedMlp, NormPlacement, QkNormAttention
+from .decoder import DecoderLM, GatedMlp, Norm, NormPlacement, QkNormAttention
 from .moe import MoeMlp
 from .rotary import RotaryConfig
 
@@ -55,6 +56,14 @@ class LlamaConfig(LmConfig):
     def build(self, Vocab: Axis, *, key: jax.Array) -> LlamaLMHeadModel:
         """Build a randomly initialized Llama (see :meth:`LmConfig.build`)."""
         return LlamaLMHeadModel.init(self, Vocab, key=key)
+
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends over a sliding window (has a window in :meth:`attention_windows`)."""
+        return tuple(w is not None for w in self.attention_windows())
+
+    def init_norm(self, axis: Axis) -> Norm:
+        """A block's (and the final) normalization over ``axis``: RMSNorm with a learned scale, no bias."""
+        return RmsNorm.init(axis, eps=self.layer_norm_epsilon, use_bias=False)
 
     def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention:
         """One block's self-attention: no biases, rotary, a per-head QK-norm if ``qk_norm`` (families override)."""
