@@ -87,8 +87,8 @@ class GemmaRmsNorm(eqx.Module):
     Example:
         >>> import jax.numpy as jnp, ponente.namedtensor as hax
         >>> norm = GemmaRmsNorm.init(hax.Axis("embed", 2), eps=0.0)
-        >>> [round(v, 4) for v in norm(hax.named(jnp.array([3.0, 4.0]), "embed")).array.tolist()]
-        [0.8485, 1.1314]
+        >>> tuple(round(v, 4) for v in norm(hax.named(jnp.array([3.0, 4.0]), "embed")).array.tolist())
+        (0.8485, 1.1314)
     """
 
     weight: NamedArray
