@@ -64,6 +64,7 @@ __all__ = [
     "Norm",
     "NormPlacement",
     "QkNormAttention",
+    "grouped_attention",
 ]
 
 NormPlacement = Literal["pre", "post", "sandwich"]
@@ -74,6 +75,22 @@ Activation = Literal["silu", "gelu", "gelu_tanh"]
 
 ROUTER_AUX_LOSS = "router_aux_loss"
 """The name of a mixture of experts' load-balancing term among the auxiliary losses."""
+
+
+def grouped_attention(config: Any, rotary: Any, *, key: jax.Array) -> Attention:
+    """A block's grouped-query attention without biases: the config's axes (``Embed``, ``KVHeads``,
+    ``QHeadsPerGroup``, ``HeadSize``) and attention backend, with the rotary embedding ``rotary``."""
+    return Attention.init(
+        config.Embed,
+        config.KVHeads,
+        config.QHeadsPerGroup,
+        config.HeadSize,
+        use_bias=False,
+        rotary=rotary,
+        key=key,
+        backend=config.attn_backend,
+        block_size=config.flash_attention_block_size,
+    )
 
 
 class GemmaRmsNorm(eqx.Module):

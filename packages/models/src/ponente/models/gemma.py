@@ -16,10 +16,9 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
 from ._layer_types import FULL, SLIDING
-from .attention import Attention
 from .attention.backends import check_soft_cap_backend
 from .config import LmConfig, _require, register_config
-from .decoder import Activation, DecoderLM, GatedMlp, GemmaRmsNorm, NormPlacement, QkNormAttention
+from .decoder import Activation, DecoderLM, GatedMlp, GemmaRmsNorm, NormPlacement, QkNormAttention, grouped_attention
 from .rotary import RotaryConfig
 
 __all__ = ["GemmaConfig", "GemmaLMHeadModel", "GemmaLayout", "GemmaRmsNorm"]
@@ -145,17 +144,7 @@ class GemmaConfig(LmConfig):
         layout = self.layout()
         if layout.attn_logit_softcapping is not None:
             check_soft_cap_backend(self.attn_backend, f"{type(self).__name__}: attn_logit_softcapping")
-        attn = Attention.init(
-            self.Embed,
-            self.KVHeads,
-            self.QHeadsPerGroup,
-            self.HeadSize,
-            use_bias=False,
-            rotary=layout.rope,
-            key=key,
-            backend=self.attn_backend,
-            block_size=self.flash_attention_block_size,
-        )
+        attn = grouped_attention(self, layout.rope, key=key)
         return QkNormAttention(
             attn=attn,
             q_norm=self.init_norm(self.HeadSize) if layout.qk_norm else None,

@@ -13,7 +13,7 @@ from ponente.namedtensor.nn import RmsNorm
 
 from .attention import Attention
 from .config import LmConfig, _require, register_config
-from .decoder import DecoderLM, GatedMlp, Norm, NormPlacement, QkNormAttention
+from .decoder import DecoderLM, GatedMlp, Norm, NormPlacement, QkNormAttention, grouped_attention
 from .moe import MoeMlp
 from .rotary import RotaryConfig
 
@@ -67,17 +67,7 @@ class LlamaConfig(LmConfig):
 
     def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention:
         """One block's self-attention: no biases, rotary, a per-head QK-norm if ``qk_norm`` (families override)."""
-        attn = Attention.init(
-            self.Embed,
-            self.KVHeads,
-            self.QHeadsPerGroup,
-            self.HeadSize,
-            use_bias=False,
-            rotary=self.rope,
-            key=key,
-            backend=self.attn_backend,
-            block_size=self.flash_attention_block_size,
-        )
+        attn = grouped_attention(self, self.rope, key=key)
         return QkNormAttention.init(attn, eps=self.layer_norm_epsilon) if self.qk_norm else attn
 
     def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp:

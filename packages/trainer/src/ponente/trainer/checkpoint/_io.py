@@ -240,7 +240,11 @@ def _stage(name: str, token: str, work: Callable[[], None]) -> None:
 
 def _read_nonce(target: str, process: int) -> str | None:
     """The nonce in process ``process``'s piece list at ``target`` (None: missing, unreadable or of format 2)."""
-    raw = loc.read_bytes(target, _pieces_file(process))
+    return _nonce_of(loc.read_bytes(target, _pieces_file(process)))
+
+
+def _nonce_of(raw: bytes | None) -> str | None:
+    """The nonce of a piece list's bytes (None: missing, unreadable or of format 2)."""
     try:
         listing = json.loads(raw) if raw is not None else None
     except ValueError:
@@ -474,7 +478,7 @@ class _PieceReader:
                     f"checkpoint {where} is damaged: {_pieces_file(process)} (the list of arrays process {process} "
                     "wrote) is missing"
                 )
-            found = _read_nonce(where, process) if nonce is not None else None
+            found = _nonce_of(raw) if nonce is not None else None  # the bytes just read, not a second read
             if found != nonce:
                 raise CheckpointCorruptError(
                     f"checkpoint {where} is damaged: {_pieces_file(process)} was written by another save than "
