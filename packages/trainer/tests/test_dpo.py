@@ -85,7 +85,6 @@ def test_pair_tokens_are_those_trl_scores(tiny_llama: Path) -> None:
 
 def test_bad_pairs_name_the_field() -> None:
     from ponente.datacache import PreferenceChatProcessor
-    from ponente.trainer.data.tokens import TokenizerSpec  # noqa: F401  (the trainer's tokenizer spec exists)
 
     tok = importlib.resources.files("ponente.trainer.assets").joinpath("shakespeare_tokenizer.json")
     processor = PreferenceChatProcessor(str(tok), chat_template=_template())
