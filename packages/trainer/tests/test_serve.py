@@ -510,3 +510,60 @@ def test_health_reports_a_dead_scheduler(served):
         )
         assert again.status_code == 503
         assert "scheduler is not running" in again.json()["error"]["message"]
+
+
+def _hf_greedy(folder, ids, n, tokenizer):
+    """The reference: the text of transformers' greedy generation of ``n`` tokens from the folder's weights, cut at
+    the server's stop token."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    tokens = out[0, len(ids) :].tolist()
+    tokens = tokens[: tokens.index(3)] if 3 in tokens else tokens  # write_tiny_llama's </s> ends a completion
+    return tokenizer.decode(tokens)
+
+
+def test_update_weights_swaps_in_place_and_a_bad_folder_keeps_the_old_ones(client, served, folder, tmp_path, caplog):
+    import logging
+
+    import jax
+    import torch
+    import transformers
+
+    engine, tokenizer = served[1], served[3]
+    url = f"{served[0].base_url}/update_weights"
+    ids = tokenizer.encode("The quick brown fox").ids
+
+    def greedy():
+        return client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0).choices[0].text
+
+    before = _hf_greedy(folder, ids, 6, tokenizer)
+    assert greedy() == before
+    other = write_tiny_llama(tmp_path / "other", seed=1)
+    after = _hf_greedy(other, ids, 6, tokenizer)
+    assert after != before  # the two models really differ here
+    try:
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+            response = httpx.post(url, json={"path": str(other)}, timeout=120)
+            assert response.status_code == 200, response.text
+            assert greedy() == after
+        compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
+        assert not [m for m in compiled if "prefill" in m or "decode" in m], compiled
+        # another shape: 400 naming the parameter, and the engine keeps the weights it had
+        config = transformers.AutoConfig.from_pretrained(other)
+        config.intermediate_size = 48
+        transformers.LlamaForCausalLM(config).to(torch.float32).save_pretrained(tmp_path / "wider")
+        bad = httpx.post(url, json={"path": str(tmp_path / "wider")}, timeout=120)
+        assert bad.status_code == 400
+        assert "mlp" in bad.json()["error"]["message"]
+        assert "keeps its weights" in bad.json()["error"]["message"]
+        missing = httpx.post(url, json={"path": str(tmp_path / "nowhere")}, timeout=120)
+        assert missing.status_code == 400
+        assert missing.json()["error"]["param"] == "path"
+        assert greedy() == after
+    finally:
+        assert httpx.post(url, json={"path": str(folder)}, timeout=120).status_code == 200
+    assert greedy() == before
+    assert engine.engine.weights_version >= 2

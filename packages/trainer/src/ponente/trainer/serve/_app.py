@@ -16,7 +16,9 @@ What one client cannot do to the others:
 - send something other than JSON (415), or JSON strings that are not valid Unicode (lone surrogates: 400).
 
 ``/docs`` and ``/openapi.json`` exist only when asked for (``docs=True``); ``/health`` answers 503 when the
-scheduler's thread has died.
+scheduler's thread has died. ``POST /v1/update_weights`` (``{"path": ...}``: a Hugging Face folder or a Ponente
+checkpoint) swaps the engine's weights in place (:meth:`~ponente.trainer.inference.Engine.update_weights`: nothing is
+compiled again); a folder of another shape is a 400 naming the difference, and the old weights stay.
 """
 
 import asyncio
@@ -239,6 +241,20 @@ def create_app(
             return JSONResponse({"status": "error", "scheduler": reason, "pending": scheduler.pending}, 503)
         return JSONResponse({"status": "ok", "pending": scheduler.pending})
 
+    updating = asyncio.Lock()
+
+    @app.post("/v1/update_weights")
+    async def update_weights(request: Request) -> Response:
+        authorize(request)
+        body = await read_json(request)
+        path = body.get("path") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not path:
+            raise ApiError(400, "path: expected a Hugging Face folder or a Ponente checkpoint path", param="path")
+        async with updating:
+            version = await run_in_threadpool(_update_weights, served, path)
+        logger.info("weights replaced by %s (version %d)", path, version)
+        return JSONResponse({"status": "ok", "path": path, "weights_version": version})
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request)
@@ -271,6 +287,24 @@ def create_app(
         return await generate(request, "chat")
 
     return app
+
+
+def _update_weights(served: _Served, path: str) -> int:
+    """Load ``path`` and swap it into the engine (old weights kept on any error); the new weights version."""
+    from ponente.trainer.inference import load_model
+
+    engine = served.engine
+    try:
+        model, _ = load_model(path, vocab_size=getattr(engine.model, "vocab_size", None))
+    except FileNotFoundError as exc:
+        raise ApiError(400, f"path: {exc}", param="path") from exc
+    except (ValueError, KeyError) as exc:
+        raise ApiError(400, f"path: {path} cannot be loaded: {exc}", param="path") from exc
+    try:
+        engine.update_weights(model)
+    except ValueError as exc:
+        raise ApiError(400, f"path: {path}: {exc}; the server keeps its weights", param="path") from exc
+    return int(engine.weights_version)
 
 
 def _too_large(size: int, limit: int, max_seq_len: int) -> str:
