@@ -188,7 +188,9 @@ def test_hf_files_both_ways(tmp_path: Path) -> None:
         tmp_path / "ours", attn_implementation="eager", output_loading_info=True
     )
     assert isinstance(reloaded, transformers.GptOssForCausalLM)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert not info["missing_keys"], info
+    assert not info["unexpected_keys"], info
+    assert not info["mismatched_keys"], info
     with torch.no_grad():
         np.testing.assert_allclose(reloaded(torch.tensor(ids)).logits.numpy(), expected, atol=1e-5, rtol=0)
     assert GptOssConfig.from_hf_config(loaded.config.to_hf_config(VOCAB)) == loaded.config
@@ -278,7 +280,9 @@ def test_config_checks_flops_and_round_trip() -> None:
     rope = {**hf["rope_parameters"], "rope_type": "dynamic"}
     _error(lambda: GptOssConfig.from_hf_config({**hf, "rope_parameters": rope}), "rope_type")
     # transformers' defaults: YaRN (factor 32, theta 150000, no truncation) and alternating layers
-    minimal = {k: hf[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")}
+    minimal = {
+        k: hf[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
+    }
     default = GptOssConfig.from_hf_config(minimal)
     hf_default = transformers.GptOssConfig(**minimal)
     assert default.rope.to_hf() == {k: v for k, v in hf_default.rope_parameters.items() if v is not None}
