@@ -237,7 +237,8 @@ def test_attention_sinks_only_on_backends_that_compute_them() -> None:
     sinks = hax.named(jnp.array([0.5, -1.0]), "heads")
     with pytest.raises(ValueError, match="attention sinks"):
         attention(Pos, Hd, q, q, q, AttentionMask.causal(), backend="flash", sinks=sinks)
-    assert auto_backend(AttentionCall("cpu", "float32", seq_len=4096, head_size=64, sinks=True)) == "reference"
+    for platform, dtype in (("cpu", "float32"), ("gpu", "bfloat16"), ("tpu", "bfloat16")):
+        assert auto_backend(AttentionCall(platform, dtype, seq_len=4096, head_size=64, sinks=True)) == "reference"
     # a sink of -inf is no sink at all
     plain = attention(Pos, Hd, q, q, q, AttentionMask.causal(), backend="reference")
     none = attention(Pos, Hd, q, q, q, AttentionMask.causal(), sinks=hax.full(Heads, -jnp.inf))
@@ -280,14 +281,14 @@ def test_config_checks_flops_and_round_trip() -> None:
     rope = {**hf["rope_parameters"], "rope_type": "dynamic"}
     _error(lambda: GptOssConfig.from_hf_config({**hf, "rope_parameters": rope}), "rope_type")
     # transformers' defaults: YaRN (factor 32, theta 150000, no truncation) and alternating layers
-    minimal = {
-        k: hf[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
-    }
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    minimal = {k: hf[k] for k in keys}
     default = GptOssConfig.from_hf_config(minimal)
     hf_default = transformers.GptOssConfig(**minimal)
     assert default.rope.to_hf() == {k: v for k, v in hf_default.rope_parameters.items() if v is not None}
     assert default.resolved_layer_types() == tuple(hf_default.layer_types)
     assert (default.sliding_window, default.num_experts, default.intermediate_dim) == (128, 128, 2880)
+    assert (default.HeadSize.size, default.seq_len, default.layer_norm_epsilon) == (64, 131072, 1e-5)
     # per layer: q (16 -> 4x4), k and v (16 -> 2x4), o; scores and values over 8 positions (4 on the sliding
     # layer); router; 2 experts
     attn = 2 * 16 * 16 + 2 * 2 * 16 * 8 + 2 * 16 * 16

@@ -17,7 +17,7 @@ from ponente.namedtensor import Axis
 from ._layer_types import FULL, SLIDING, check_layer_types
 from .attention import Attention
 from .attention.backends import check_sinks_backend
-from .config import _require, register_config
+from .config import register_config
 from .decoder import GatedMlp, QkNormAttention
 from .llama import LlamaConfig, LlamaLMHeadModel
 from .moe import ClampedSwiGlu, MoeMlp, check_moe_fields, sparse_flops_per_token
@@ -35,6 +35,18 @@ _HF_ROPE = {
     "original_max_position_embeddings": 4096,
 }
 """transformers' default ``rope_parameters`` of gpt-oss (those of the released checkpoints)."""
+
+_HF_DEFAULTS = {
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "max_position_embeddings": 131072,
+}
+"""transformers' defaults of the ``GptOssConfig`` keys that Llama's reader requires (a null ``head_dim`` is
+``hidden_size / num_attention_heads``, as there)."""
 
 
 def _default_rope() -> RotaryConfig:
@@ -217,7 +229,6 @@ class GptOssConfig(LlamaConfig):
         """Read a Hugging Face ``GptOssConfig`` dict (missing keys take transformers' defaults).
 
         Raises:
-            KeyError: if a required key is missing.
             ValueError: for unsupported options (``attention_dropout``, a ``partial_rotary_factor`` other than 1, a
                 ``rope_type`` other than default, linear, llama3 or yarn, a bad ``layer_types``), naming the key.
         """
@@ -231,11 +242,10 @@ class GptOssConfig(LlamaConfig):
         partial = float(rope.get("partial_rotary_factor", 1.0))
         if partial != 1.0:
             raise ValueError(f"{where}: rope_parameters.partial_rotary_factor={partial} is not supported (expected 1)")
-        hf.update(rope_parameters=rope, head_dim=hf.get("head_dim") or 64, attention_bias=False, hidden_act="silu")
-        hf.setdefault("intermediate_size", 2880)
+        hf = {**_HF_DEFAULTS, **hf, "rope_parameters": rope, "attention_bias": False, "hidden_act": "silu"}
         base = LlamaConfig.from_hf_config(hf)
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(LlamaConfig)}
-        num_layers = int(_require(hf_config, "num_hidden_layers", where))
+        num_layers = base.num_layers
         raw_types = hf_config.get("layer_types")
         types = tuple(str(t) for t in raw_types) if raw_types is not None else None
         if types is not None:

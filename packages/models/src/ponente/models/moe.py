@@ -324,18 +324,17 @@ class MoeMlp(ModuleWithStateDictSerialization):
         )
         Embed = x.resolve_axis("embed")
         gate, up = tag((hax.dot(x, self.gate_proj, axis=Embed), hax.dot(x, self.up_proj, axis=Embed)), "mlp_in")
-        if self.gate_bias is not None and self.up_bias is not None:
-            gate, up = gate + self.gate_bias, up + self.up_bias
-        out = hax.dot(self._activate(gate, up) * combine, self.down_proj, axis=(Experts.name, "mlp"))
+        gate = gate if self.gate_bias is None else gate + self.gate_bias
+        up = up if self.up_bias is None else up + self.up_bias
+        hidden = NamedArray(self._activate(gate.array, up.rearrange(gate.axes).array), gate.axes)
+        out = hax.dot(hidden * combine, self.down_proj, axis=(Experts.name, "mlp"))
         if self.down_bias is not None:
             out = out + hax.dot(combine, self.down_bias, axis=Experts.name)
         return tag(out, "mlp_out"), routing
 
-    def _activate(self, gate: NamedArray, up: NamedArray) -> NamedArray:
-        """The experts' gated activation of ``gate`` and ``up`` (same axes): SwiGLU, or ``self.activation``."""
-        if self.activation is None:
-            return hax.nn.silu(gate) * up
-        return NamedArray(self.activation(gate.array, up.rearrange(gate.axes).array), gate.axes)
+    def _activate(self, gate: jax.Array, up: jax.Array) -> jax.Array:
+        """The experts' gated activation of ``gate`` and ``up`` (same shapes): SwiGLU, or ``self.activation``."""
+        return jax.nn.silu(gate) * up if self.activation is None else self.activation(gate, up)
 
     def _bias_rows(self, bias: NamedArray | None, experts: jax.Array, Out: str) -> jax.Array | float:
         """``bias`` (``(experts, Out)``) of the expert of each row (``experts``: expert ids), or 0 without bias."""
@@ -360,7 +359,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
         expert = chosen[order]  # the expert of each sorted assignment
         gate = gate + self._bias_rows(self.gate_bias, expert, "mlp")
         up = up + self._bias_rows(self.up_bias, expert, "mlp")
-        hidden = jax.nn.silu(gate) * up if self.activation is None else self.activation(gate, up)
+        hidden = self._activate(gate, up)
         ys = jax.lax.ragged_dot(hidden, w2, group_sizes) + self._bias_rows(self.down_bias, expert, "embed")
         ys = ys * weights[order][:, None].astype(x.dtype)
         out = jnp.zeros_like(tokens).at[source].add(ys)
