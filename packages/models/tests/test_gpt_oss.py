@@ -84,7 +84,7 @@ CASES: list[dict[str, Any]] = [
         "num_hidden_layers": 3,
         "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
         "sliding_window": 3,
-        "rope_parameters": _yarn(truncate=True, beta_fast=4.0, factor=2.0),
+        "rope_parameters": _yarn(truncate=True, beta_fast=4.0, factor=2.0, original_max_position_embeddings=32),
         "tie_word_embeddings": True,
     },
     {  # groups of 3 query heads, head size 4, top-1 of 5 experts, full attention only, default rope, no biases
