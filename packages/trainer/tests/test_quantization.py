@@ -208,3 +208,41 @@ def test_levanter_yaml_with_fp8_and_profiler_trains_resumes_bitwise_and_exports_
         assert a.tobytes() == b.tobytes()
     again = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
     assert [r["train/loss"] for r in again] == [r["train/loss"] for r in losses]
+
+
+class WithFrozenCopy(eqx.Module):
+    policy: TwoLayers
+    reference: TwoLayers
+
+
+def test_fp8_layers_outside_the_gradient_keep_their_state():
+    """A quantized layer used only under ``stop_gradient`` (a DPO reference) or not at all gets a zero cotangent: its
+    scales must not be overwritten by zeros (the next step would divide by them)."""
+
+    def loss(model, batch, *, key):
+        ref = jax.lax.stop_gradient(model.reference(batch["x"]))
+        return hax.mean((model.policy(batch["x"]) - ref - batch["y"]) ** 2).scalar()
+
+    def build_pair(key):
+        return WithFrozenCopy(build(key), build(jax.random.fold_in(key, 1)))
+
+    cfg = TrainerConfig(
+        train_batch_size=Batch.size,
+        num_train_steps=4,
+        compilation_cache_dir=None,
+        progress_bar=False,
+        quantization=FP8,
+    )
+    t = Trainer(cfg, optax.sgd(0.05), loss)
+    state = t.initial_state(build_pair, key=jax.random.PRNGKey(0))
+    for seed in (1, 2, 3):
+        state, metrics = t.train_step(state, make_batch(seed))
+        assert np.isfinite(float(metrics["loss"]))
+    model = jax.device_get(state.model)
+    frozen = model.reference.up_proj.dot_general
+    np.testing.assert_array_equal(frozen.input_scale, [1.0])  # untouched: still the initial state
+    np.testing.assert_array_equal(frozen.input_amax_history, 0)
+    trained = model.policy.up_proj.dot_general
+    # the third step's scale: the largest input of the two steps before it
+    seen = max(np.abs(np.asarray(make_batch(s)["x"].array)).max() for s in (1, 2))
+    np.testing.assert_allclose(trained.input_scale, [seen / 448.0], rtol=1e-6)

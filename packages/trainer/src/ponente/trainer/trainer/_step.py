@@ -53,6 +53,16 @@ def _keep_if_finite(finite: jax.Array, new: TrainerState, old: TrainerState) -> 
     return kept
 
 
+def _used_states(new: Any, old: Any) -> Any:
+    """The new FP8 states, except where a layer took no part in the differentiated loss.
+
+    The "gradient" of an overwritten state is its new value only when the layer's product was differentiated; a layer
+    that was not (unused, or used under ``stop_gradient`` like a frozen DPO reference) gets a zero cotangent. A new
+    state of all zeros is never a real one (scales are > 0), so there the old state is kept.
+    """
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(jnp.any(n != 0), n, o), new, old)
+
+
 class TrainStep:
     """The functions a :class:`Trainer` compiles: :meth:`train` (one optimizer step) and :meth:`eval` (one batch).
 
@@ -185,7 +195,7 @@ class TrainStep:
         updates, opt_state = self.optimizer.update(
             grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
         )
-        model = eqx.combine(eqx.apply_updates(trainable, updates), new_states, rest)
+        model = eqx.combine(eqx.apply_updates(trainable, updates), _used_states(new_states, overwrites), rest)
         new_state = dataclasses.replace(
             state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
         )
