@@ -1,11 +1,14 @@
-"""A sparse mixture-of-experts MLP: top-k routing, capacity-free dispatch with named ops, load-balancing loss.
+"""A sparse mixture-of-experts MLP: top-k routing, dispatch of tokens to experts, load-balancing loss, router metrics.
 
 The experts are SwiGLU MLPs whose weights carry an ``experts`` axis, so sharding them over a mesh axis
-(expert parallelism) is one entry of an axis mapping, e.g. ``{"experts": "data"}``; no model code changes.
+(expert parallelism) is one entry of an axis mapping, e.g. ``{"experts": "expert"}``; no model code changes. The
+``"expert_parallel"`` dispatch (chosen by ``"auto"`` when ``experts`` is split) then sends each token to the devices
+holding its experts by all-to-all (:mod:`ponente.models._expert_parallel`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -17,6 +20,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
+from ._expert_parallel import expert_axis, expert_parallel_dispatch, token_mapping
 from .config import lm_flops_per_token, padded_vocab_size
 from .remat import tag
 
@@ -27,11 +31,13 @@ __all__ = [
     "check_moe_fields",
     "load_balancing_loss",
     "route_top_k",
+    "router_metrics",
     "sparse_flops_per_token",
 ]
 
-MOE_DISPATCHES = ("dense", "sorted")
-"""The expert dispatch strategies of :class:`MoeMlp`."""
+MOE_DISPATCHES = ("auto", "dense", "sorted", "expert_parallel")
+"""The expert dispatch strategies of :class:`MoeMlp` (``"auto"``: ``"expert_parallel"`` when the ``experts`` axis is
+split over a mesh axis of size > 1, else ``"dense"``)."""
 
 TOP_K = "top_k"
 """The name of the axis of the ``k`` experts chosen per token."""
@@ -45,16 +51,26 @@ class RouterOutput(eqx.Module):
         weights: the combination weights of the chosen experts (renormalized to sum to 1 unless the layer says
             otherwise), ``(..., top_k)``.
         indices: the chosen experts (integer ids, best first), ``(..., top_k)``.
+        logsumexp: the log-sum-exp of the router logits (float32), ``(...)``, for the router z-loss; None if unknown.
+        dropped: which assignments the dispatch dropped for lack of capacity (bool), ``(..., top_k)``; None: none
+            can be dropped (every dispatch but ``"expert_parallel"`` with a ``capacity_factor``).
     """
 
     probs: NamedArray
     weights: NamedArray
     indices: NamedArray
+    logsumexp: NamedArray | None = None
+    dropped: NamedArray | None = None
 
 
-def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: bool = True) -> RouterOutput:
+def route_top_k(
+    router_logits: NamedArray, Experts: Axis, k: int, *, normalize: bool = True, bias: NamedArray | None = None
+) -> RouterOutput:
     """Top-k routing as Mixtral does it: softmax over experts, keep the ``k`` best, renormalize their weights
     (``normalize=False``: keep their probabilities, as Qwen3-MoE without ``norm_topk_prob``).
+
+    With ``bias`` (DeepSeek-V3's auxiliary-loss-free balancing), the ``k`` experts are those with the highest
+    ``probs + bias``, while their weights are still their (renormalized) probabilities: the bias steers the choice only.
 
     The softmax is computed in float32 whatever the logits' dtype (as ``transformers`` does).
 
@@ -63,6 +79,7 @@ def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: 
         Experts: the experts axis.
         k: experts per token (``num_experts_per_tok``), between 1 and ``Experts.size``.
         normalize: renormalize the ``k`` chosen probabilities to sum to 1.
+        bias: ``(Experts,)`` added to the probabilities for the choice only (None: no bias).
 
     Returns:
         The probabilities, the chosen experts and their combination weights (axis ``top_k`` of size ``k``).
@@ -79,9 +96,15 @@ def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: 
     """
     if not 1 <= k <= Experts.size:
         raise ValueError(f"route_top_k: k must be in 1..{Experts.size} (the size of axis {Experts.name!r}), got {k}")
-    probs = hax.nn.softmax(router_logits.astype(jnp.float32), Experts)
-    top, indices = hax.top_k(probs, Experts, k, new_axis=TOP_K)
-    return RouterOutput(probs=probs, weights=top / hax.sum(top, TOP_K) if normalize else top, indices=indices)
+    logits = router_logits.astype(jnp.float32)
+    probs = hax.nn.softmax(logits, Experts)
+    if bias is None:
+        top, indices = hax.top_k(probs, Experts, k, new_axis=TOP_K)
+    else:
+        _, indices = hax.top_k(probs + jax.lax.stop_gradient(bias.astype(jnp.float32)), Experts, k, new_axis=TOP_K)
+        top = hax.sum(hax.nn.one_hot(indices, Experts, dtype=jnp.float32) * probs, Experts)
+    weights = top / hax.sum(top, TOP_K) if normalize else top
+    return RouterOutput(probs=probs, weights=weights, indices=indices, logsumexp=hax.nn.logsumexp(logits, Experts))
 
 
 def _assignments(indices: NamedArray, Experts: Axis) -> NamedArray:
@@ -117,14 +140,49 @@ def load_balancing_loss(probs: NamedArray, indices: NamedArray, Experts: Axis) -
     return hax.sum(f * p) * Experts.size
 
 
+def router_metrics(routing: RouterOutput, Experts: Axis) -> dict[str, NamedArray]:
+    """Diagnostics of a (stacked) routing decision, averaged over every axis but ``Experts`` (layers included).
+
+    Args:
+        routing: the routing of one layer or of a stack of layers.
+        Experts: the experts axis.
+
+    Returns:
+        Scalars (float32): ``load_balancing_loss`` (unweighted, see :func:`load_balancing_loss`), ``z_loss`` (mean
+        squared log-sum-exp of the router logits, ST-MoE's router z-loss, unweighted), ``expert_load_max`` (the
+        busiest expert's share of the assignments over the mean share, 1 when balanced; the worst layer when
+        stacked) and ``dropped_fraction`` (assignments dropped for lack of capacity).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> E = hax.Axis("experts", 2)
+        >>> r = route_top_k(hax.named(jnp.array([[1.0, 0.0], [2.0, 0.0]]), ("position", "experts")), E, 1)
+        >>> round(float(router_metrics(r, E)["expert_load_max"].scalar()), 3)
+        2.0
+    """
+    counts = _assignments(routing.indices, Experts)
+    token_axes = tuple(ax for ax in routing.indices.axes if ax.name != TOP_K and ax.name != "layers")
+    per_expert = hax.sum(counts, axis=token_axes)  # (layers?, experts)
+    load = hax.max(per_expert, Experts) / hax.maximum(hax.mean(per_expert, Experts), 1e-9)
+    zero = hax.zeros(())
+    return {
+        "load_balancing_loss": load_balancing_loss(routing.probs, routing.indices, Experts),
+        "z_loss": zero if routing.logsumexp is None else hax.mean(hax.square(routing.logsumexp)),
+        "expert_load_max": hax.max(load),
+        "dropped_fraction": zero if routing.dropped is None else hax.mean(routing.dropped.astype(jnp.float32)),
+    }
+
+
 class MoeMlp(ModuleWithStateDictSerialization):
     """A sparse mixture of SwiGLU experts with top-k routing (Mixtral's ``block_sparse_moe``).
 
     Each token goes to the ``k`` experts its router scores highest; the output is the sum of their
-    outputs weighted by the renormalized router probabilities. Dispatch is *capacity-free* (no token
-    is ever dropped), by one of two strategies:
+    outputs weighted by the renormalized router probabilities. Dispatch is by one of these strategies (all but
+    ``"expert_parallel"`` with a ``capacity_factor`` are *capacity-free*: no token is ever dropped):
 
-    - ``"dense"`` (default), written with named ops: every expert computes every token, and the
+    - ``"auto"`` (default): ``"expert_parallel"`` when the ``experts`` axis maps to a mesh axis of size > 1 in the
+      current axis mapping (e.g. ``trainer.expert_axis_size: 4``), else ``"dense"``.
+    - ``"dense"``, written with named ops: every expert computes every token, and the
       combination weights (zero outside the top-k) are contracted over the ``experts`` axis, so the
       experts shard over any mesh axis the ``experts`` axis maps to. It costs ``num_experts / k`` times
       the expert FLOPs of a sparse dispatch: ``6 * E * embed * mlp`` per token instead of
@@ -133,6 +191,11 @@ class MoeMlp(ModuleWithStateDictSerialization):
       its own tokens (``jax.lax.ragged_dot``, grouped matrix products), and the weighted results are
       scattered back: ``6 * k * embed * mlp`` FLOPs per token. Meant for one device (or replicated
       experts); under an ``experts`` sharding the compiler may gather the expert weights.
+    - ``"expert_parallel"``: the experts stay where the ``experts`` mesh axis put them and the tokens travel: each
+      device sends its assignments to the devices holding their experts (``all_to_all``), runs its local experts
+      with grouped matrix products and sends the results back (:mod:`ponente.models._expert_parallel`). Sparse
+      FLOPs plus the padding of fixed-size buffers: dropless by default, or buffers of ``capacity_factor`` times an
+      even share (assignments beyond it are dropped and counted in :attr:`RouterOutput.dropped`).
 
     Attributes:
         router: ``Embed -> Experts`` without bias (state-dict key ``gate``).
@@ -140,8 +203,12 @@ class MoeMlp(ModuleWithStateDictSerialization):
         up_proj: ``(experts, mlp, embed)``, the experts' up projections (key ``experts.w3``).
         down_proj: ``(experts, embed, mlp)``, the experts' down projections (key ``experts.w2``).
         num_experts_per_tok: ``k`` (static).
-        dispatch: ``"dense"`` or ``"sorted"`` (static).
+        dispatch: ``"auto"``, ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (static).
         norm_topk_prob: renormalize the chosen experts' probabilities to sum to 1 (Mixtral; static).
+        capacity_factor: ``"expert_parallel"`` only: None (dropless) or the per-destination buffer size relative to
+            an even split (static).
+        balance_bias: ``(experts,)`` bias added to the router probabilities for the top-k choice only (DeepSeek-V3's
+            auxiliary-loss-free balancing; not trained by gradient: the trainer updates it after each step), or None.
     """
 
     router: Linear
@@ -149,8 +216,10 @@ class MoeMlp(ModuleWithStateDictSerialization):
     up_proj: NamedArray
     down_proj: NamedArray
     num_experts_per_tok: int = eqx.field(static=True)
-    dispatch: str = eqx.field(static=True, default="dense")
+    dispatch: str = eqx.field(static=True, default="auto")
     norm_topk_prob: bool = eqx.field(static=True, default=True)
+    capacity_factor: float | None = eqx.field(static=True, default=None)
+    balance_bias: NamedArray | None = None
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {"router": "gate", "gate_proj": "experts.w1", "up_proj": "experts.w3", "down_proj": "experts.w2"}
@@ -163,8 +232,10 @@ class MoeMlp(ModuleWithStateDictSerialization):
         num_experts_per_tok: int,
         *,
         key: jax.Array,
-        dispatch: str = "dense",
+        dispatch: str = "auto",
         norm_topk_prob: bool = True,
+        capacity_factor: float | None = None,
+        balance_bias: bool = False,
     ) -> MoeMlp:
         """Create a randomly initialized layer (normal weights scaled by ``1/sqrt(fan_in)``).
 
@@ -174,8 +245,10 @@ class MoeMlp(ModuleWithStateDictSerialization):
             Experts: the experts axis.
             num_experts_per_tok: ``k``, the experts per token.
             key: the PRNG key.
-            dispatch: ``"dense"`` or ``"sorted"`` (see the class docstring).
+            dispatch: ``"auto"``, ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (see the class docstring).
             norm_topk_prob: renormalize the chosen experts' probabilities (see :func:`route_top_k`).
+            capacity_factor: see the class docstring (None: dropless).
+            balance_bias: give the layer a zero :attr:`balance_bias`.
 
         Returns:
             The layer.
@@ -199,6 +272,8 @@ class MoeMlp(ModuleWithStateDictSerialization):
             num_experts_per_tok=num_experts_per_tok,
             dispatch=dispatch,
             norm_topk_prob=norm_topk_prob,
+            capacity_factor=capacity_factor,
+            balance_bias=hax.zeros(Experts) if balance_bias else None,
         )
 
     @property
@@ -208,7 +283,13 @@ class MoeMlp(ModuleWithStateDictSerialization):
 
     def route(self, x: NamedArray) -> RouterOutput:
         """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`)."""
-        return route_top_k(self.router(x), self.Experts, self.num_experts_per_tok, normalize=self.norm_topk_prob)
+        return route_top_k(
+            self.router(x),
+            self.Experts,
+            self.num_experts_per_tok,
+            normalize=self.norm_topk_prob,
+            bias=self.balance_bias,
+        )
 
     def __call__(self, x: NamedArray) -> tuple[NamedArray, RouterOutput]:
         """Apply the experts to ``x`` ``(..., embed)``.
@@ -219,9 +300,30 @@ class MoeMlp(ModuleWithStateDictSerialization):
         Returns:
             ``(output with x's axes, the routing decision)``; the latter feeds :func:`load_balancing_loss`.
         """
-        routing = self.route(x)
-        if self.dispatch == "sorted":
+        dispatch = self.dispatch
+        if dispatch == "auto":
+            dispatch = "expert_parallel" if expert_axis()[1] > 1 else "dense"
+        with token_mapping():
+            routing = self.route(x)
+            if dispatch == "dense":
+                return self._dense(x, routing), routing
+        if dispatch == "sorted":
             return tag(self._sorted(x, routing), "mlp_out"), routing
+        out, dropped = expert_parallel_dispatch(
+            x,
+            routing.indices,
+            routing.weights.astype(x.dtype),
+            self.gate_proj,
+            self.up_proj,
+            self.down_proj,
+            capacity_factor=self.capacity_factor,
+        )
+        if self.capacity_factor is not None:
+            routing = dataclasses.replace(routing, dropped=dropped)
+        return tag(out, "mlp_out"), routing
+
+    def _dense(self, x: NamedArray, routing: RouterOutput) -> NamedArray:
+        """The ``"dense"`` dispatch: every expert computes every token, combined by weights zero outside the top-k."""
         Experts = self.Experts
         # dense [tokens..., experts] combination weights, zero outside each token's top-k
         combine = hax.sum(
@@ -230,7 +332,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
         Embed = x.resolve_axis("embed")
         gate, up = tag((hax.dot(x, self.gate_proj, axis=Embed), hax.dot(x, self.up_proj, axis=Embed)), "mlp_in")
         out = hax.dot(hax.nn.silu(gate) * up * combine, self.down_proj, axis=(Experts.name, "mlp"))
-        return tag(out, "mlp_out"), routing
+        return tag(out, "mlp_out")
 
     def _sorted(self, x: NamedArray, routing: RouterOutput) -> NamedArray:
         """The ``"sorted"`` dispatch: grouped matrix products over the assignments sorted by expert."""
@@ -254,15 +356,19 @@ class MoeMlp(ModuleWithStateDictSerialization):
         return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))
 
 
-def check_moe_fields(name: str, num_experts: int, num_experts_per_tok: int, dispatch: str) -> None:
-    """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts`` or an
-    unknown ``moe_dispatch``."""
+def check_moe_fields(
+    name: str, num_experts: int, num_experts_per_tok: int, dispatch: str, capacity_factor: float | None = None
+) -> None:
+    """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts``, an
+    unknown ``moe_dispatch`` or a ``moe_capacity_factor`` that is not positive."""
     if not 1 <= num_experts_per_tok <= num_experts:
         raise ValueError(
             f"{name}: num_experts_per_tok must be in 1..num_experts ({num_experts}), got {num_experts_per_tok}"
         )
     if dispatch not in MOE_DISPATCHES:
         raise ValueError(f"{name}: moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
+    if capacity_factor is not None and not capacity_factor > 0:
+        raise ValueError(f"{name}: moe_capacity_factor must be positive or None (dropless), got {capacity_factor}")
 
 
 def sparse_flops_per_token(config: Any, vocab_size: int, expert_dim: int) -> float:
