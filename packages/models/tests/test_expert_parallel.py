@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ponente.namedtensor as hax
-from ponente.models.moe import MoeMlp
+from ponente.models.moe import MoeMlp, router_metrics
 
 Embed, Mlp, Experts = hax.Axis("embed", 8), hax.Axis("mlp", 6), hax.Axis("experts", 8)
 Batch, Pos = hax.Axis("batch", 8), hax.Axis("position", 4)
@@ -149,3 +149,17 @@ def test_expert_parallel_on_one_device_is_the_sorted_dispatch() -> None:
     np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
     for a, b in zip(got[2], ref[2], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_router_metrics_match_numpy() -> None:
+    layer = _layer("dense")
+    x = _x()
+    routing = layer(x)[1]
+    metrics = router_metrics(routing, Experts)
+    logits = np.einsum("bpd,ed->bpe", np.asarray(x.array), np.asarray(layer.router.weight.rearrange(("experts", "embed")).array))
+    lse = np.log(np.exp(logits).sum(-1))
+    np.testing.assert_allclose(float(metrics["z_loss"].scalar()), (lse**2).mean(), rtol=1e-5)
+    top2 = np.argsort(-logits, -1)[..., :2]
+    counts = np.bincount(top2.reshape(-1), minlength=Experts.size)
+    np.testing.assert_allclose(float(metrics["expert_load_max"].scalar()), counts.max() / counts.mean(), rtol=1e-6)
+    assert float(metrics["dropped_fraction"].scalar()) == 0.0

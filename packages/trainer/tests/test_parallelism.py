@@ -97,6 +97,7 @@ def test_layout_trains_like_one_device_and_stores_parameters_by_the_mapping(name
     assert trainer.mesh.shape == {
         "replica": layout.get("replica_axis_size", 1),
         "data": 8 // layout.get("model_axis_size", 1) // layout.get("replica_axis_size", 1),
+        "expert": 1,
         "model": layout.get("model_axis_size", 1),
     }
     adam_state = named_leaves(state.opt_state)

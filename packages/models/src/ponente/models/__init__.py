@@ -26,7 +26,7 @@ from .gemma2 import Gemma2Config
 from .gemma3 import Gemma3Config
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .llama import LlamaConfig, LlamaLMHeadModel
-from .lm import LmExample, LmHeadModel
+from .lm import LmExample, LmHeadModel, is_aux_loss
 from .lora import LoraConfig, LoraLinear
 from .loss import (
     blockwise_cross_entropy_loss,
@@ -36,7 +36,7 @@ from .loss import (
 )
 from .mistral import MistralConfig, MistralLMHeadModel
 from .mixtral import MixtralConfig, MixtralLMHeadModel
-from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k
+from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k, router_metrics
 from .olmo2 import Olmo2Config, Olmo2LMHeadModel
 from .qwen import QwenConfig, QwenLMHeadModel
 from .qwen3 import Qwen3Config, Qwen3LMHeadModel
@@ -92,10 +92,12 @@ __all__ = [
     "dot_product_attention",
     "fused_cross_entropy_loss",
     "lm_flops_per_token",
+    "is_aux_loss",
     "load_balancing_loss",
     "mask_padded_vocab",
     "padded_vocab_size",
     "register_config",
     "registered_types",
     "route_top_k",
+    "router_metrics",
 ]

@@ -48,7 +48,7 @@ from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions
 from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
-from .moe import MoeMlp, RouterOutput, load_balancing_loss
+from .moe import MoeMlp, RouterOutput, router_metrics
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
@@ -613,14 +613,18 @@ class DecoderLM(LmHeadModel[Any]):
 
         Returns:
             ``(hidden states after the final norm, {})``, or for a mixture of experts
-            ``{"router_aux_loss": weight * load-balancing loss}``.
+            ``{"router_aux_loss": weight * load-balancing loss}`` and the diagnostics of
+            :func:`~ponente.models.moe.router_metrics` over all layers, named ``router/<metric>`` (logged, not added
+            to the loss).
         """
         del key
         x, _, routing = self._run(input_ids, attn_mask, pos_ids)
         if routing is None:
             return x, {}
-        balance = load_balancing_loss(routing.probs, routing.indices, self.config.Experts)
-        return x, {ROUTER_AUX_LOSS: balance * self.config.router_aux_loss_coef}
+        metrics = router_metrics(routing, self.config.Experts)
+        aux = {ROUTER_AUX_LOSS: metrics["load_balancing_loss"] * self.config.router_aux_loss_coef}
+        aux.update({f"router/{name}": jax.lax.stop_gradient(value) for name, value in metrics.items()})
+        return x, aux
 
     def activations(
         self,

@@ -155,18 +155,20 @@ def resolve_train_batch_size(tcfg: TrainerConfig, num_devices: int) -> TrainerCo
 
     Returns:
         ``tcfg``, or a copy whose ``train_batch_size`` is ``per_device_parallelism`` x the size of the batch's mesh
-        axes (``replica`` x ``data``).
+        axes (``replica`` x ``data`` x ``expert``).
     """
     if tcfg.train_batch_size != -1:
         return tcfg
     sizes = _mesh_sizes(tcfg, num_devices)
-    batch = tcfg.per_device_parallelism * sizes["replica"] * sizes["data"]
+    batch = tcfg.per_device_parallelism * sizes["replica"] * sizes["data"] * sizes["expert"]
     logger.info("trainer.train_batch_size -1 -> %d (per_device_parallelism x data-parallel devices)", batch)
     return dataclasses.replace(tcfg, train_batch_size=batch)
 
 
 def _mesh_sizes(tcfg: TrainerConfig, num_devices: int) -> dict[str, int]:
-    """The sizes of the ``model``, ``replica`` and ``data`` mesh axes of ``tcfg`` over ``num_devices`` devices."""
-    model = tcfg.model_axis_size
+    """The sizes of the ``model``, ``expert``, ``replica`` and ``data`` mesh axes of ``tcfg`` over ``num_devices``
+    devices."""
+    model, expert = tcfg.model_axis_size, tcfg.expert_axis_size
     replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
-    return {"model": model, "replica": replica, "data": max(num_devices // (model * replica), 1)}
+    data = max(num_devices // (model * expert * replica), 1)
+    return {"model": model, "expert": expert, "replica": replica, "data": data}

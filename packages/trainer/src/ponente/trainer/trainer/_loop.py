@@ -147,8 +147,8 @@ class Trainer:
             enable_compilation_cache(config.compilation_cache_dir)
 
         self.mesh = build_mesh(config, list(jax.devices() if devices is None else devices))
-        self.data_axis_size = self.mesh.shape["replica"] * self.mesh.shape["data"]
-        """Shards of the batch: the sizes of the ``replica`` and ``data`` mesh axes multiplied."""
+        self.data_axis_size = self.mesh.shape["replica"] * self.mesh.shape["data"] * self.mesh.shape["expert"]
+        """Shards of the batch: the sizes of the ``replica``, ``data`` and ``expert`` mesh axes multiplied."""
         self.num_microbatches = self._microbatches(config.train_batch_size, config.per_device_parallelism, "train")
         self.compute_axis_mapping: ResourceMapping = config.compute_axis_mapping
         self.parameter_axis_mapping: ResourceMapping = config.parameter_axis_mapping
@@ -192,7 +192,7 @@ class Trainer:
             raise ValueError(
                 f"trainer.train_batch_size={batch_size} is not divisible by the data axis size {data} "
                 f"({self.mesh.size} devices / model_axis_size {self.config.model_axis_size}; the batch is split "
-                "over the replica and data mesh axes)"
+                "over the replica, data and expert mesh axes)"
             )
         if per_device == -1:
             return 1

@@ -1,0 +1,116 @@
+"""Expert parallelism is a config change: a tiny Mixtral trained on 8 simulated devices with ``expert_axis_size`` 4
+(and expert 2 x model 2 x data 2) gives the losses and parameters of 1 device; bad expert keys fail naming the key.
+
+Run in the multidevice session (8 simulated CPU devices), except the config checks.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.models import LmExample, MixtralConfig, compute_next_token_loss_and_aux
+from ponente.trainer.trainer import Trainer, TrainerConfig
+
+BATCH = 16
+STEPS = 3
+MODEL = MixtralConfig(
+    seq_len=8,
+    hidden_dim=16,
+    intermediate_dim=16,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    num_experts=4,
+    num_experts_per_tok=2,
+    router_aux_loss_coef=0.01,
+)
+Vocab = hax.Axis("vocab", 16)
+
+LAYOUTS = {
+    "expert4": {"expert_axis_size": 4},
+    "data2_expert2_model2": {
+        "expert_axis_size": 2,
+        "model_axis_size": 2,
+        "tensor_parallel_axes": ["mlp", "heads"],
+    },
+}
+
+
+def lm_loss(model, example, *, key):
+    loss, aux = compute_next_token_loss_and_aux(model, example, key=key)
+    return loss, aux
+
+
+def batches():
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(STEPS):
+        ids = hax.named(
+            jnp.asarray(rng.integers(0, Vocab.size, (BATCH, MODEL.seq_len)), jnp.int32), ("batch", "position")
+        )
+        out.append(LmExample.causal(ids))
+    return out
+
+
+def train(devices, **layout):
+    config = TrainerConfig(
+        train_batch_size=BATCH, num_train_steps=STEPS, compilation_cache_dir=None, progress_bar=False, **layout
+    )
+    trainer = Trainer(config, optax.adam(1e-2), lm_loss, devices=devices)
+    state = trainer.initial_state(lambda key: MODEL.build(Vocab, key=key))
+    data = batches()
+    # the program train_step then runs (compiled once)
+    trainer.hlo = trainer.compile_step(state, trainer.shard_batch(data[0])).as_text()
+    losses, metrics = [], []
+    for batch in data:
+        state, m = trainer.train_step(state, trainer.shard_batch(batch))
+        losses.append(float(m["loss"]))
+        metrics.append({k: float(v) for k, v in m.items()})
+    return trainer, state, losses, metrics
+
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    _, state, losses, metrics = train(jax.devices()[:1])
+    return losses, leaves(state.model), metrics
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_expert_parallel_trains_like_one_device(name, reference):
+    trainer, state, losses, metrics = train(jax.devices(), **LAYOUTS[name])
+    ref_losses, ref_params, ref_metrics = reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)
+    for got, want in zip(leaves(state.model), ref_params, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    expert = LAYOUTS[name]["expert_axis_size"]
+    assert trainer.mesh.shape["expert"] == expert
+    assert "all-to-all" in trainer.hlo
+    assert trainer.data_axis_size == 8 // LAYOUTS[name].get("model_axis_size", 1)
+    # the experts' weights are stored split over the expert mesh axis
+    w1 = state.model.transformer.layers.stacked.block_sparse_moe.gate_proj
+    assert w1.array.sharding.spec[w1.axis_names.index("experts")] == "expert"
+    for step, ref in zip(metrics, ref_metrics, strict=True):
+        for key in ("router/load_balancing_loss", "router/z_loss", "router/expert_load_max", "router_aux_loss"):
+            np.testing.assert_allclose(step[key], ref[key], rtol=1e-4, atol=1e-5)
+        assert step["router/dropped_fraction"] == 0.0
+
+
+def test_expert_axis_size_must_divide_the_devices():
+    with pytest.raises(ValueError, match=r"expert_axis_size=3.*does not divide the 8 devices"):
+        Trainer(
+            TrainerConfig(expert_axis_size=3, compilation_cache_dir=None),
+            optax.sgd(0.1),
+            lm_loss,
+            devices=[jax.devices()[0]] * 8,
+        )
+    with pytest.raises(ValueError, match="trainer.expert_axis_size must be >= 1"):
+        TrainerConfig(expert_axis_size=0)
