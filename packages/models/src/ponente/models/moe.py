@@ -357,10 +357,16 @@ class MoeMlp(ModuleWithStateDictSerialization):
 
 
 def check_moe_fields(
-    name: str, num_experts: int, num_experts_per_tok: int, dispatch: str, capacity_factor: float | None = None
+    name: str,
+    num_experts: int,
+    num_experts_per_tok: int,
+    dispatch: str,
+    capacity_factor: float | None = None,
+    router_bias_update_rate: float = 0.0,
 ) -> None:
     """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts``, an
-    unknown ``moe_dispatch`` or a ``moe_capacity_factor`` that is not positive."""
+    unknown ``moe_dispatch``, a ``moe_capacity_factor`` that is not positive or a negative
+    ``router_bias_update_rate``."""
     if not 1 <= num_experts_per_tok <= num_experts:
         raise ValueError(
             f"{name}: num_experts_per_tok must be in 1..num_experts ({num_experts}), got {num_experts_per_tok}"
@@ -369,6 +375,8 @@ def check_moe_fields(
         raise ValueError(f"{name}: moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
     if capacity_factor is not None and not capacity_factor > 0:
         raise ValueError(f"{name}: moe_capacity_factor must be positive or None (dropless), got {capacity_factor}")
+    if not router_bias_update_rate >= 0:
+        raise ValueError(f"{name}: router_bias_update_rate must be >= 0 (0: off), got {router_bias_update_rate}")
 
 
 def sparse_flops_per_token(config: Any, vocab_size: int, expert_dim: int) -> float:
