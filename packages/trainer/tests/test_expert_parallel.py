@@ -4,6 +4,9 @@
 Run in the multidevice session (8 simulated CPU devices), except the config checks.
 """
 
+import dataclasses
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,3 +117,49 @@ def test_expert_axis_size_must_divide_the_devices():
         )
     with pytest.raises(ValueError, match="trainer.expert_axis_size must be >= 1"):
         TrainerConfig(expert_axis_size=0)
+
+
+def test_router_bias_update_moves_the_bias_against_the_load():
+    """One step of DeepSeek-V3's bias update vs NumPy: the loads are those of the initial model's routing."""
+    from ponente.models.decoder import EXPERT_LOAD
+    from ponente.models.moe import balance_bias_frozen, update_balance_bias
+
+    rate = 0.05
+    model_config = dataclasses.replace(MODEL, router_bias_update_rate=rate)
+    config = TrainerConfig(train_batch_size=BATCH, num_train_steps=2, compilation_cache_dir=None, progress_bar=False)
+    trainer = Trainer(
+        config,
+        optax.adamw(1e-2, weight_decay=0.1),
+        lm_loss,
+        devices=jax.devices()[:1],
+        after_update=lambda model, extra: update_balance_bias(model, extra[EXPERT_LOAD], rate),
+    )
+    build = lambda key: model_config.build(Vocab, key=key)  # noqa: E731
+    mask = balance_bias_frozen(jax.tree_util.tree_map(lambda _: True, eqx.filter_eval_shape(build, jax.random.key(0))))
+    state = trainer.initial_state(build, is_trainable=mask)
+    batch = batches()[0]
+    routing = state.model.routing(batch.tokens)
+    indices = np.asarray(routing.indices.rearrange(("layers", "batch", "position", "top_k")).array)
+    loads = np.stack([np.bincount(layer.reshape(-1), minlength=MODEL.num_experts) for layer in indices])
+    expected = rate * np.sign(loads.mean(-1, keepdims=True) - loads)
+    assert (expected != 0).any()
+    state, metrics = trainer.train_step(state, trainer.shard_batch(batch))
+    bias = state.model.transformer.layers.stacked.block_sparse_moe.balance_bias
+    np.testing.assert_allclose(np.asarray(bias.rearrange(("layers", "experts")).array), expected, atol=1e-7)
+    np.testing.assert_allclose(metrics["router/balance_bias_abs_mean"], 0.0)  # logged before the update
+    assert "router/expert_load" not in metrics  # not a scalar: read by after_update only
+
+
+def test_moe_keys_on_a_dense_model_or_uneven_experts_fail_naming_the_key():
+    from ponente.models import LlamaConfig
+    from ponente.trainer.run import check_expert_parallel
+
+    with pytest.raises(ValueError, match=r"trainer.expert_axis_size=2: model type LlamaConfig has no experts"):
+        check_expert_parallel(LlamaConfig(), TrainerConfig(expert_axis_size=2))
+    with pytest.raises(ValueError, match=r"trainer.expert_axis_size=8 does not divide model.num_experts=4"):
+        check_expert_parallel(MODEL, TrainerConfig(expert_axis_size=8))
+    check_expert_parallel(MODEL, TrainerConfig(expert_axis_size=4))
+    with pytest.raises(ValueError, match="router_bias_update_rate must be >= 0"):
+        dataclasses.replace(MODEL, router_bias_update_rate=-0.1)
+    with pytest.raises(ValueError, match="moe_capacity_factor must be positive"):
+        dataclasses.replace(MODEL, moe_capacity_factor=0.0)

@@ -28,11 +28,13 @@ __all__ = [
     "MOE_DISPATCHES",
     "MoeMlp",
     "RouterOutput",
+    "balance_bias_frozen",
     "check_moe_fields",
     "load_balancing_loss",
     "route_top_k",
     "router_metrics",
     "sparse_flops_per_token",
+    "update_balance_bias",
 ]
 
 MOE_DISPATCHES = ("auto", "dense", "sorted", "expert_parallel")
@@ -354,6 +356,50 @@ class MoeMlp(ModuleWithStateDictSerialization):
         ys = jax.lax.ragged_dot(hidden, w2, group_sizes) * weights[order][:, None].astype(x.dtype)
         out = jnp.zeros_like(tokens).at[source].add(ys)
         return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))
+
+
+def expert_load(routing: RouterOutput, Experts: Axis) -> NamedArray:
+    """The assignments each expert received, summed over the token axes (a ``layers`` axis is kept when stacked)."""
+    counts = _assignments(routing.indices, Experts)
+    return hax.sum(counts, axis=tuple(ax for ax in counts.axes if ax.name not in (Experts.name, "layers")))
+
+
+def _is_moe(x: Any) -> bool:
+    return isinstance(x, MoeMlp)
+
+
+def balance_bias_frozen(mask: Any) -> Any:
+    """A trainable mask (a pytree of bools shaped like a model) with every :attr:`MoeMlp.balance_bias` set False: the
+    bias is updated by :func:`update_balance_bias`, never by the optimizer."""
+    return jax.tree_util.tree_map(
+        lambda m: dataclasses.replace(m, balance_bias=False) if _is_moe(m) and m.balance_bias is not None else m,
+        mask,
+        is_leaf=_is_moe,
+    )
+
+
+def update_balance_bias(model: Any, load: NamedArray, rate: float) -> Any:
+    """DeepSeek-V3's auxiliary-loss-free balancing step: every :attr:`MoeMlp.balance_bias` of ``model`` moves by
+    ``rate * sign(mean load - load_e)`` (underloaded experts up, overloaded down).
+
+    Args:
+        model: a model whose MoE layers have a ``balance_bias`` (stacked layers: ``(layers, experts)``).
+        load: the assignments per expert of the step, with the bias's axes (see :func:`expert_load`).
+        rate: the update rate.
+
+    Returns:
+        The model with the new biases (in their dtype).
+    """
+
+    def update(m: Any) -> Any:
+        if not _is_moe(m) or m.balance_bias is None:
+            return m
+        Experts = m.Experts
+        step = rate * hax.sign(hax.mean(load, Experts) - load)
+        bias = m.balance_bias
+        return dataclasses.replace(m, balance_bias=(bias + step.rearrange(bias.axes)).astype(bias.dtype))
+
+    return jax.tree_util.tree_map(update, model, is_leaf=_is_moe)
 
 
 def check_moe_fields(

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from ponente.trainer.distributed import DistributedConfig
     from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["Startup", "pad_vocab_for_partitioning", "process_age", "resolve_train_batch_size", "start_distributed"]
+__all__ = [
+    "Startup",
+    "check_expert_parallel",
+    "pad_vocab_for_partitioning", "process_age", "resolve_train_batch_size", "start_distributed"]
 
 
 def process_age() -> float | None:
@@ -115,6 +118,24 @@ def start_distributed(distributed: DistributedConfig) -> None:
 
     jax.config.update("jax_threefry_partitionable", True)
     distributed.initialize()
+
+
+def check_expert_parallel(model_config: Any, tcfg: TrainerConfig) -> None:
+    """Check that ``trainer.expert_axis_size`` fits the model: it splits its experts evenly, and a dense model has none.
+
+    Raises:
+        ValueError: naming ``trainer.expert_axis_size`` when it is > 1 for a model without experts or does not divide
+            ``model.num_experts``.
+    """
+    size = tcfg.expert_axis_size
+    experts = getattr(model_config, "num_experts", None)
+    if size > 1 and experts is None:
+        raise ValueError(
+            f"trainer.expert_axis_size={size}: model type {type(model_config).__name__} has no experts (expert "
+            "parallelism needs a mixture of experts, e.g. mixtral or qwen3_moe); set it to 1"
+        )
+    if experts is not None and experts % size:
+        raise ValueError(f"trainer.expert_axis_size={size} does not divide model.num_experts={experts}")
 
 
 def pad_vocab_for_partitioning(model_config: M, tcfg: TrainerConfig, num_devices: int) -> M:

@@ -93,6 +93,9 @@ class Trainer:
         optimizer_metrics_fn: metrics read from the new optimizer state, added to the step's metrics
             (default: ``ponente.trainer.optim.optimizer_metrics``: ``optim/grad_norm``, ``optim/update_norm``,
             injected hyperparameters, ...).
+        after_update: ``after_update(model, extra) -> model``, run inside the step on the updated model, outside the
+            gradient; ``extra`` is the loss function's extra outputs (e.g. a mixture of experts' load per expert, for
+            its balancing bias). The result is part of the state, so it is checkpointed and resumes bitwise.
 
     Raises:
         ValueError: if the devices do not divide into ``model_axis_size`` groups, the batch does not divide
@@ -121,6 +124,7 @@ class Trainer:
         loss_weight_fn: Callable[[Any], Any] | None = None,
         devices: Sequence[Any] | None = None,
         optimizer_metrics_fn: Callable[[Any], Mapping[str, Any]] | None = None,
+        after_update: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     ):
         import jmp
 
@@ -166,6 +170,7 @@ class Trainer:
             optimizer_metrics_fn=self.optimizer_metrics_fn,
             lr_schedule=lr_schedule,
             on_nonfinite_loss=config.on_nonfinite_loss,
+            after_update=after_update,
         )
         self._step = named_jit(
             step.train,
