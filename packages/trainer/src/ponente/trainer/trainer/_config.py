@@ -162,24 +162,27 @@ class TrainerConfig:
 
     @property
     def compute_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes when computing: batch over ``(replica, data, expert)``, ``experts`` on ``expert``,
-        tensor-parallel axes on ``model``."""
-        mapping: dict[str, Any] = {self.batch_axis: ("replica", "data", "expert"), "experts": "expert"}
+        """Logical -> mesh axes when computing: batch over ``(replica, data)`` (and ``expert``), ``experts`` on
+        ``expert`` (when ``expert_axis_size > 1``), tensor-parallel axes on ``model``."""
+        mapping: dict[str, Any] = {self.batch_axis: ("replica", "data")}
+        if self.expert_axis_size > 1:
+            mapping = {self.batch_axis: ("replica", "data", "expert"), "experts": "expert"}
         mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
         mapping.update(self.axis_resources)
         return mapping
 
     @property
     def parameter_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes of stored parameters: ``fsdp_axis`` over ``data``, ``experts`` over ``expert``,
-        tensor-parallel axes over ``model``.
+        """Logical -> mesh axes of stored parameters: ``fsdp_axis`` over ``data``, ``experts`` over ``expert`` (when
+        ``expert_axis_size > 1``), tensor-parallel axes over ``model``.
 
         Returns:
             The mapping (``parameter_axis_resources`` entries override the defaults).
         """
         fsdp = [self.fsdp_axis] if isinstance(self.fsdp_axis, str) else list(self.fsdp_axis or ())
         mapping: dict[str, Any] = dict.fromkeys(fsdp, "data")
-        mapping["experts"] = "expert"
+        if self.expert_axis_size > 1:
+            mapping["experts"] = "expert"
         mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
         mapping.update(self.parameter_axis_resources)
         return mapping
