@@ -20,7 +20,9 @@ Batch, Pos = hax.Axis("batch", 8), hax.Axis("position", 4)
 
 
 def _layer(dispatch: str, capacity_factor: float | None = None) -> MoeMlp:
-    return MoeMlp.init(Embed, Mlp, Experts, 2, key=jax.random.key(3), dispatch=dispatch, capacity_factor=capacity_factor)
+    return MoeMlp.init(
+        Embed, Mlp, Experts, 2, key=jax.random.key(3), dispatch=dispatch, capacity_factor=capacity_factor
+    )
 
 
 def _x() -> hax.NamedArray:
@@ -117,7 +119,8 @@ def test_capacity_drops_are_counted() -> None:
     indices = np.asarray(routing.indices.rearrange((Batch, Pos, "top_k")).array)
     # 1 batch row x 4 positions x k=2 = 8 assignments per device, 8 destinations: capacity ceil(0.5 * 8 / 8) = 1
     want = _numpy_dropped(indices, 8, 1, 1)
-    assert want.any() and not want.all()
+    assert want.any()
+    assert not want.all()
     np.testing.assert_array_equal(np.asarray(routing.dropped.rearrange((Batch, Pos, "top_k")).array), want)
     np.testing.assert_allclose(float(hax.mean(routing.dropped.astype(jnp.float32)).scalar()), want.mean())
     # a dropped assignment contributes nothing: the output is the sorted dispatch's with those weights zeroed
@@ -156,7 +159,9 @@ def test_router_metrics_match_numpy() -> None:
     x = _x()
     routing = layer(x)[1]
     metrics = router_metrics(routing, Experts)
-    logits = np.einsum("bpd,ed->bpe", np.asarray(x.array), np.asarray(layer.router.weight.rearrange(("experts", "embed")).array))
+    logits = np.einsum(
+        "bpd,ed->bpe", np.asarray(x.array), np.asarray(layer.router.weight.rearrange(("experts", "embed")).array)
+    )
     lse = np.log(np.exp(logits).sum(-1))
     np.testing.assert_allclose(float(metrics["z_loss"].scalar()), (lse**2).mean(), rtol=1e-5)
     top2 = np.argsort(-logits, -1)[..., :2]

@@ -115,7 +115,7 @@ def test_expert_axis_size_must_divide_the_devices():
             lm_loss,
             devices=[jax.devices()[0]] * 8,
         )
-    with pytest.raises(ValueError, match="trainer.expert_axis_size must be >= 1"):
+    with pytest.raises(ValueError, match=r"trainer\.expert_axis_size must be >= 1"):
         TrainerConfig(expert_axis_size=0)
 
 

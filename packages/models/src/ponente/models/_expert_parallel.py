@@ -113,7 +113,9 @@ def _local_dispatch(
     tokens = x.reshape(-1, embed)
     n_assign = tokens.shape[0] * k
     chosen = indices.reshape(-1)
-    capacity = n_assign if capacity_factor is None else max(1, min(n_assign, math.ceil(capacity_factor * n_assign / devices)))
+    capacity = (
+        n_assign if capacity_factor is None else max(1, min(n_assign, math.ceil(capacity_factor * n_assign / devices)))
+    )
 
     # 1. per destination buffers; sorting by expert sorts by destination too (destination = expert // local)
     order = jnp.argsort(chosen, stable=True)

@@ -72,7 +72,8 @@ def route_top_k(
     (``normalize=False``: keep their probabilities, as Qwen3-MoE without ``norm_topk_prob``).
 
     With ``bias`` (DeepSeek-V3's auxiliary-loss-free balancing), the ``k`` experts are those with the highest
-    ``probs + bias``, while their weights are still their (renormalized) probabilities: the bias steers the choice only.
+    ``probs + bias``, while their weights are still their (renormalized) probabilities: the bias steers the choice
+    only.
 
     The softmax is computed in float32 whatever the logits' dtype (as ``transformers`` does).
 

@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 __all__ = [
     "Startup",
     "check_expert_parallel",
-    "pad_vocab_for_partitioning", "process_age", "resolve_train_batch_size", "start_distributed"]
+    "pad_vocab_for_partitioning",
+    "process_age",
+    "resolve_train_batch_size",
+    "start_distributed",
+]
 
 
 def process_age() -> float | None:
@@ -121,7 +125,7 @@ def start_distributed(distributed: DistributedConfig) -> None:
 
 
 def check_expert_parallel(model_config: Any, tcfg: TrainerConfig) -> None:
-    """Check that ``trainer.expert_axis_size`` fits the model: it splits its experts evenly, and a dense model has none.
+    """Check that ``trainer.expert_axis_size`` fits the model: it splits the experts evenly; a dense model has none.
 
     Raises:
         ValueError: naming ``trainer.expert_axis_size`` when it is > 1 for a model without experts or does not divide
