@@ -163,3 +163,63 @@ def test_moe_keys_on_a_dense_model_or_uneven_experts_fail_naming_the_key():
         dataclasses.replace(MODEL, router_bias_update_rate=-0.1)
     with pytest.raises(ValueError, match="moe_capacity_factor must be positive"):
         dataclasses.replace(MODEL, moe_capacity_factor=0.0)
+
+
+def _bytes(tree):
+    out = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        if isinstance(leaf, jax.Array):
+            out.append(np.asarray(leaf).tobytes())
+    return out
+
+
+@pytest.mark.multidevice
+def test_resume_with_expert_parallelism_and_the_balancing_bias_is_bitwise(tmp_path):
+    """3 steps straight vs 1 step, a checkpoint, a fresh load and 2 steps: the same bits (the bias included)."""
+    from ponente.models.decoder import EXPERT_LOAD
+    from ponente.models.moe import balance_bias_frozen, update_balance_bias
+    from ponente.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    rate = 0.05
+    model_config = dataclasses.replace(MODEL, router_bias_update_rate=rate, moe_capacity_factor=1.0)
+    config = TrainerConfig(
+        train_batch_size=BATCH,
+        num_train_steps=STEPS,
+        expert_axis_size=4,
+        compilation_cache_dir=None,
+        progress_bar=False,
+    )
+    trainer = Trainer(
+        config,
+        optax.adamw(1e-2, weight_decay=0.1),
+        lm_loss,
+        devices=jax.devices(),
+        after_update=lambda model, extra: update_balance_bias(model, extra[EXPERT_LOAD], rate),
+    )
+
+    def build(key):
+        return model_config.build(Vocab, key=key)
+
+    mask = balance_bias_frozen(jax.tree_util.tree_map(lambda _: True, eqx.filter_eval_shape(build, jax.random.key(0))))
+    data = [trainer.shard_batch(b) for b in batches()]
+
+    straight = trainer.initial_state(build, is_trainable=mask)
+    straight_losses = []
+    for batch in data:
+        straight, metrics = trainer.train_step(straight, batch)
+        straight_losses.append(float(metrics["loss"]))
+    assert metrics["router/balance_bias_abs_mean"] > 0
+    assert 0 <= metrics["router/dropped_fraction"] < 1
+
+    resumed = trainer.initial_state(build, is_trainable=mask)
+    resumed, metrics = trainer.train_step(resumed, data[0])
+    losses = [float(metrics["loss"])]
+    save_checkpoint(resumed, tmp_path / "step-1", step=1)
+    resumed = load_checkpoint(trainer.initial_state(build, is_trainable=mask), tmp_path / "step-1")
+    for batch in data[1:]:
+        resumed, metrics = trainer.train_step(resumed, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses == straight_losses
+    assert _bytes(resumed) == _bytes(straight)
