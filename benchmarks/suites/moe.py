@@ -80,6 +80,8 @@ def _flops(rec: Recorder) -> None:
     ):
         flops, hlo = _layer_step(dispatch, capacity, mesh)
         all_to_all = len(re.findall(r" all-to-all\(", hlo)) + len(re.findall(r" all-to-all-start\(", hlo))
+        if dispatch == "expert_parallel" and (all_to_all == 0 or _expert_weight_gathers(hlo)):
+            raise RuntimeError(f"{name}: expected all-to-alls and no all-gather of expert weights in the program")
         rec.record(
             f"layer_{name}",
             "flops_over_sparse",

@@ -120,13 +120,20 @@ def test_expert_axis_size_must_divide_the_devices():
 
 
 def test_router_bias_update_moves_the_bias_against_the_load():
-    """One step of DeepSeek-V3's bias update vs NumPy: the loads are those of the initial model's routing."""
+    """One step of DeepSeek-V3's bias update vs NumPy: the loads are those of the initial model's routing (counted
+    over 4 accumulated microbatches)."""
     from ponente.models.decoder import EXPERT_LOAD
     from ponente.models.moe import balance_bias_frozen, update_balance_bias
 
     rate = 0.05
     model_config = dataclasses.replace(MODEL, router_bias_update_rate=rate)
-    config = TrainerConfig(train_batch_size=BATCH, num_train_steps=2, compilation_cache_dir=None, progress_bar=False)
+    config = TrainerConfig(
+        train_batch_size=BATCH,
+        per_device_parallelism=4,
+        num_train_steps=2,
+        compilation_cache_dir=None,
+        progress_bar=False,
+    )
     trainer = Trainer(
         config,
         optax.adamw(1e-2, weight_decay=0.1),
