@@ -30,6 +30,7 @@ __all__ = [
     "RouterOutput",
     "balance_bias_frozen",
     "check_moe_fields",
+    "expert_load",
     "load_balancing_loss",
     "route_top_k",
     "router_metrics",
@@ -163,9 +164,7 @@ def router_metrics(routing: RouterOutput, Experts: Axis) -> dict[str, NamedArray
         >>> round(float(router_metrics(r, E)["expert_load_max"].scalar()), 3)
         2.0
     """
-    counts = _assignments(routing.indices, Experts)
-    token_axes = tuple(ax for ax in routing.indices.axes if ax.name != TOP_K and ax.name != "layers")
-    per_expert = hax.sum(counts, axis=token_axes)  # (layers?, experts)
+    per_expert = expert_load(routing, Experts)  # (layers?, experts)
     load = hax.max(per_expert, Experts) / hax.maximum(hax.mean(per_expert, Experts), 1e-9)
     zero = hax.zeros(())
     return {
