@@ -230,3 +230,49 @@ def test_resume_with_expert_parallelism_and_the_balancing_bias_is_bitwise(tmp_pa
         losses.append(float(metrics["loss"]))
     assert losses == straight_losses
     assert _bytes(resumed) == _bytes(straight)
+
+
+def _mixtral_overrides(overrides):
+    return [o for o in overrides if not o.startswith("model.")] + [
+        "model.type=mixtral",
+        "model.seq_len=32",
+        "model.hidden_dim=32",
+        "model.intermediate_dim=32",
+        "model.num_layers=2",
+        "model.num_heads=2",
+        "model.num_kv_heads=2",
+        "model.num_experts=4",
+    ]
+
+
+def test_train_lm_refuses_moe_keys_on_a_dense_model(tiny_lm_overrides):
+    from ponente.trainer.config import ConfigError, load_config
+    from ponente.trainer.main import train_lm
+    from ponente.trainer.main.train_lm import TrainLmConfig
+
+    overrides = tiny_lm_overrides(2)  # a gpt2 model
+    with pytest.raises(ConfigError, match=r"model\.router_bias_update_rate: not a field of type 'gpt2'"):
+        load_config(TrainLmConfig, overrides=[*overrides, "model.router_bias_update_rate=0.1"])
+    cfg = load_config(TrainLmConfig, overrides=[*overrides, "trainer.expert_axis_size=2"])
+    with pytest.raises(ValueError, match=r"trainer\.expert_axis_size=2: model type Gpt2Config has no experts"):
+        train_lm.train(cfg)
+
+
+@pytest.mark.integration
+def test_train_lm_logs_router_metrics_and_updates_the_bias(tmp_path, tiny_lm_overrides):
+    import json
+
+    from ponente.trainer.config import load_config
+    from ponente.trainer.main import train_lm
+    from ponente.trainer.main.train_lm import TrainLmConfig
+
+    overrides = _mixtral_overrides(tiny_lm_overrides(3)) + ["model.router_bias_update_rate=0.01"]
+    train_lm.train(load_config(TrainLmConfig, overrides=overrides))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r]
+    assert len(steps) == 3
+    for key in ("router/load_balancing_loss", "router/z_loss", "router/expert_load_max", "router/dropped_fraction"):
+        assert all(np.isfinite(r[key]) for r in steps), key  # names with a "/" are logged as they are
+    bias = [r["router/balance_bias_abs_mean"] for r in steps]
+    assert bias[0] == 0.0  # logged by the step, before its update
+    assert bias[1] == pytest.approx(0.01, abs=1e-6)  # after one update every expert moved by the rate (or 0)
