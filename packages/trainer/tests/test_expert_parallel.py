@@ -266,7 +266,7 @@ def test_train_lm_logs_router_metrics_and_updates_the_bias(tmp_path, tiny_lm_ove
     from ponente.trainer.main import train_lm
     from ponente.trainer.main.train_lm import TrainLmConfig
 
-    overrides = _mixtral_overrides(tiny_lm_overrides(3)) + ["model.router_bias_update_rate=0.01"]
+    overrides = [*_mixtral_overrides(tiny_lm_overrides(3)), "model.router_bias_update_rate=0.01"]
     train_lm.train(load_config(TrainLmConfig, overrides=overrides))
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r]
