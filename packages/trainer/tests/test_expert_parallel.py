@@ -58,12 +58,12 @@ def batches():
     return out
 
 
-def train(devices, **layout):
+def train(devices, model=MODEL, **layout):
     config = TrainerConfig(
         train_batch_size=BATCH, num_train_steps=STEPS, compilation_cache_dir=None, progress_bar=False, **layout
     )
     trainer = Trainer(config, optax.adam(1e-2), lm_loss, devices=devices)
-    state = trainer.initial_state(lambda key: MODEL.build(Vocab, key=key))
+    state = trainer.initial_state(lambda key: model.build(Vocab, key=key))
     data = batches()
     # the program train_step then runs (compiled once)
     trainer.hlo = trainer.compile_step(state, trainer.shard_batch(data[0])).as_text()
@@ -105,6 +105,31 @@ def test_expert_parallel_trains_like_one_device(name, reference):
         for key in ("router/load_balancing_loss", "router/z_loss", "router/expert_load_max", "router_aux_loss"):
             np.testing.assert_allclose(step[key], ref[key], rtol=1e-4, atol=1e-5)
         assert step["router/dropped_fraction"] == 0.0
+
+
+@pytest.mark.multidevice
+def test_qwen3_moe_with_expert_parallelism_trains_like_one_device():
+    from ponente.models import Qwen3MoeConfig
+
+    model = Qwen3MoeConfig(
+        seq_len=8,
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_dim=8,
+        norm_topk_prob=True,
+    )
+    _, ref_state, ref_losses, _ = train(jax.devices()[:1], model)
+    trainer, state, losses, _ = train(jax.devices(), model, expert_axis_size=4)
+    assert "all-to-all" in trainer.hlo
+    np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)
+    for got, want in zip(leaves(state.model), leaves(ref_state.model), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_expert_axis_size_must_divide_the_devices():
