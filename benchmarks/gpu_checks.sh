@@ -45,6 +45,8 @@ for stage in $stages; do
     # model.scan_layers=false: the 16 layers unrolled in the compiled step (no loop, no stacked residual buffers)
     mfu-unrolled) mfu b4-unrolled 200 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
     mfu-b8-unrolled) mfu b8-unrolled 200 PONENTE_BENCH_MFU_BATCH=8 PONENTE_BENCH_MFU_SCAN_LAYERS=false ;;
+    # trainer.quantization: FP8 (delayed scaling) against bf16 in one process (the ratio is recorded)
+    mfu-fp8) mfu b4-fp8 260 PONENTE_BENCH_MFU_BATCH=4 PONENTE_BENCH_MFU_QUANT=off,fp8 ;;
     # XLA's GPU flags: cuBLAS for every matrix product (no Triton GEMM fusions); MFU_XLA_FLAGS overrides the set
     mfu-flags) mfu b4-flags 170 PONENTE_BENCH_MFU_BATCH=4 \
       XLA_FLAGS="${MFU_XLA_FLAGS:---xla_gpu_enable_triton_gemm=false}" ;;

@@ -18,7 +18,10 @@ packed into each row; ``none``: no segment ids at all, like a hand-written causa
 (``auto``, the default; ``plain``: the loss over materialized logits; or a vocabulary block size for the blockwise
 loss), ``PONENTE_BENCH_MFU_PER_DEVICE`` (``trainer.per_device_parallelism``: examples per microbatch, the batch then
 accumulated over ``batch / per-device`` microbatches; default -1, one microbatch), ``PONENTE_BENCH_MFU_SCAN_LAYERS``
-(the model's ``scan_layers``: ``true``, the default, a loop over the layers; ``false``, the layers unrolled).
+(the model's ``scan_layers``: ``true``, the default, a loop over the layers; ``false``, the layers unrolled),
+``PONENTE_BENCH_MFU_QUANT`` (``trainer.quantization`` of each measured step, comma-separated: ``off``, the default,
+``fp8``, ``fp8-current`` (FP8 with current scaling), ``int8``; e.g. ``off,fp8,int8`` times all three in one process
+and records each one's step time relative to the first, with the compiled step's FLOPs from XLA's cost analysis).
 The compiled step's scratch memory (XLA's ``memory_analysis``: the temporaries, activations kept for the backward
 pass included) is recorded on every device; on a GPU the peak device memory is recorded too.
 """
@@ -38,7 +41,7 @@ from benchmarks.harness import packed_segment_ids, time_fn
 from ponente.models import CHECKPOINT_NAMES, LlamaConfig, LmExample, compute_next_token_loss
 from ponente.trainer.mfu import device_peak_flops, mfu
 from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
-from ponente.trainer.trainer import Trainer, TrainerConfig
+from ponente.trainer.trainer import QuantizationConfig, Trainer, TrainerConfig
 
 if TYPE_CHECKING:
     from benchmarks.harness import Recorder
@@ -109,8 +112,31 @@ def _loss(segments: str, text: str) -> Any:
     return loss_fn
 
 
+_QUANT = {
+    "off": None,
+    "fp8": QuantizationConfig(fp8=True),
+    "fp8-current": QuantizationConfig(fp8=True, scaling="current"),
+    "int8": QuantizationConfig(int8=True),
+}
+
+
+def _quantizations(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in _QUANT]
+    if unknown or not names:
+        raise ValueError(f"PONENTE_BENCH_MFU_QUANT: expected a comma-separated list of {sorted(_QUANT)}, got {text!r}")
+    return names
+
+
 def run(rec: Recorder) -> None:
     """Time the Trainer's step on the Llama-1B shape (or the small one on CPU) and report tokens/s and MFU."""
+    first: float | None = None
+    for quant in _quantizations(os.environ.get("PONENTE_BENCH_MFU_QUANT", "off")):
+        seconds = _run_one(rec, quant, first)
+        first = seconds if first is None else first
+
+
+def _run_one(rec: Recorder, quant: str, reference_seconds: float | None) -> float:
     platform = jax.default_backend()
     size = os.environ.get("PONENTE_BENCH_MFU_SIZE", "small" if platform == "cpu" else "1b")
     sizes, vocab = SHAPES[size]
@@ -131,6 +157,7 @@ def run(rec: Recorder) -> None:
             mp=mp,
             compilation_cache_dir=None,
             progress_bar=False,
+            quantization=_QUANT[quant],
         ),
         optax.adamw(1e-4, weight_decay=0.1),
         _loss(segments, loss),
@@ -163,17 +190,27 @@ def run(rec: Recorder) -> None:
         "attn_backend": cfg.attn_backend,
         "segments": segments,
         "loss": loss,
+        "quantization": quant,
         "device": jax.devices()[0].device_kind,
     }
-    rec.record(f"llama_{size}", "first_step_time", compile_seconds, "s", **extra)
+    name = f"llama_{size}" if quant == "off" else f"llama_{size}_{quant}"
+    rec.record(name, "first_step_time", compile_seconds, "s", **extra)
     if analysis is not None:  # what XLA planned: the step's temporaries (activations kept for the backward pass...)
-        rec.record(f"llama_{size}", "compiled_scratch", float(analysis.temp_size_in_bytes), "bytes", **extra)
+        rec.record(name, "compiled_scratch", float(analysis.temp_size_in_bytes), "bytes", **extra)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    if cost and "flops" in cost:
+        rec.record(name, "compiled_flops", float(cost["flops"]), "flops", **extra)
     memory = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in memory:
-        rec.record(f"llama_{size}", "peak_memory", float(memory["peak_bytes_in_use"]), "bytes", **extra)
-    rec.record(f"llama_{size}", "step_time", seconds, "s", **extra)
-    rec.record(f"llama_{size}", "tokens_per_second", tokens / seconds, "tokens/s", **extra)
+        rec.record(name, "peak_memory", float(memory["peak_bytes_in_use"]), "bytes", **extra)
+    rec.record(name, "step_time", seconds, "s", **extra)
+    if reference_seconds is not None:
+        ratio = seconds / reference_seconds
+        rec.record(name, "step_time_ratio", ratio, "x", reference="the first quantization listed", **extra)
+    rec.record(name, "tokens_per_second", tokens / seconds, "tokens/s", **extra)
     peak = device_peak_flops(jax.devices()[0].device_kind, dtype)
     if peak is not None:
         value = mfu(cfg.flops_per_token(vocab), tokens, seconds, peak)
-        rec.record(f"llama_{size}", "mfu", value, "fraction", target=">= 0.50 (one H100)", **extra)
+        rec.record(name, "mfu", value, "fraction", target=">= 0.50 (one H100)", **extra)
+    return seconds

@@ -13,16 +13,33 @@ import numpy as np
 import pytest
 
 import ponente.namedtensor as hax
-from ponente.models.moe import MoeMlp, router_metrics
+from ponente.models.moe import ClampedSwiGlu, MoeMlp, router_metrics
 
 Embed, Mlp, Experts = hax.Axis("embed", 8), hax.Axis("mlp", 6), hax.Axis("experts", 8)
 Batch, Pos = hax.Axis("batch", 8), hax.Axis("position", 4)
 
 
-def _layer(dispatch: str, capacity_factor: float | None = None) -> MoeMlp:
-    return MoeMlp.init(
-        Embed, Mlp, Experts, 2, key=jax.random.key(3), dispatch=dispatch, capacity_factor=capacity_factor
+def _layer(dispatch: str, capacity_factor: float | None = None, gpt_oss: bool = False) -> MoeMlp:
+    layer = MoeMlp.init(
+        Embed,
+        Mlp,
+        Experts,
+        2,
+        key=jax.random.key(3),
+        dispatch=dispatch,
+        capacity_factor=capacity_factor,
+        bias=gpt_oss,
+        activation=ClampedSwiGlu(alpha=1.702, limit=1.0) if gpt_oss else None,
     )
+    if gpt_oss:  # random expert biases, so that each one is checked
+        keys = jax.random.split(jax.random.key(5), 3)
+        layer = dataclasses.replace(
+            layer,
+            gate_bias=hax.random.normal(keys[0], layer.gate_bias.axes) * 0.5,
+            up_bias=hax.random.normal(keys[1], layer.up_bias.axes) * 0.5,
+            down_bias=hax.random.normal(keys[2], layer.down_bias.axes) * 0.5,
+        )
+    return layer
 
 
 def _x() -> hax.NamedArray:
@@ -67,14 +84,15 @@ MESHES = {
 
 
 @pytest.mark.multidevice
-@pytest.mark.parametrize("name", list(MESHES))
-def test_expert_parallel_matches_the_single_device_dispatches(name: str) -> None:
+@pytest.mark.parametrize(("name", "gpt_oss"), [(name, False) for name in MESHES] + [("data2_expert2_model2", True)])
+def test_expert_parallel_matches_the_single_device_dispatches(name: str, gpt_oss: bool) -> None:
+    """Also with gpt-oss's experts (biases, clamped SwiGLU) under tensor parallelism."""
     assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     x = _x()
-    ref_out, ref_gx, ref_g = _value_and_grads(_layer("sorted"), x)
-    dense_out, _, dense_g = _value_and_grads(_layer("dense"), x)
+    ref_out, ref_gx, ref_g = _value_and_grads(_layer("sorted", gpt_oss=gpt_oss), x)
+    dense_out, _, dense_g = _value_and_grads(_layer("dense", gpt_oss=gpt_oss), x)
     np.testing.assert_allclose(dense_out, ref_out, atol=1e-5)
-    out, g_x, g_layer, hlo = _run_sharded(_layer("auto"), x, *MESHES[name])
+    out, g_x, g_layer, hlo = _run_sharded(_layer("auto", gpt_oss=gpt_oss), x, *MESHES[name])
     assert "all_to_all" in hlo or "all-to-all" in hlo
     np.testing.assert_allclose(out, ref_out, atol=1e-5)
     np.testing.assert_allclose(g_x, ref_gx, atol=1e-5)

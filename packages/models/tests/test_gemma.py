@@ -142,11 +142,6 @@ def test_blockwise_loss_matches_full_loss() -> None:
     np.testing.assert_allclose(float(blockwise), float(full), rtol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known issue (CHANGELOG): Gemma's get_lm_head keeps the padding rows of a padded vocabulary, so the "
-    "blockwise loss sums over them (the plain loss masks them); kept bitwise by the move onto the shared decoder",
-)
 def test_blockwise_loss_matches_full_loss_with_a_padded_vocabulary() -> None:
     cfg = GemmaConfig(
         seq_len=8,

@@ -242,3 +242,61 @@ def test_int8_config_quantizes_and_trains():
     assert losses[-1] < 0.2 * losses[0]
     with pytest.raises(ValueError, match="not both"):
         q.QuantizationConfig(fp8=True, int8=True)
+
+
+def _np_qdq(a, amax, dtype):
+    """NumPy emulation of one FP8 quantize-dequantize: scale ``amax / fp8_max``, saturate, round to ``dtype``."""
+    top = float(ml_dtypes.finfo(dtype).max)
+    s = np.float32(amax / top)
+    return np.clip(a / s, -top, top).astype(dtype).astype(np.float32) * s
+
+
+@pytest.mark.parametrize("scaling", ["delayed", "current"])
+def test_fp8_forward_and_backward_equal_numpy_emulation(scaling):
+    """Forward: e4m3(x) @ e4m3(w); backward: dx = e5m2(g) @ e4m3(w)^T, dw = e4m3(x)^T @ e5m2(g), each with the
+    scale the rule gives (delayed: the history's maximum; current: the tensor's own)."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 8)) * 3).astype(np.float32)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    g = (rng.standard_normal((5, 4)) * 1e-3).astype(np.float32)
+    hist = {"in": 6.0, "kernel": 2.0, "grad": 4e-3}
+    op = q.Fp8DotGeneralOp.init(amax_history_length=2, scaling=scaling)
+    op = eqx.tree_at(
+        lambda o: (o.input_amax_history, o.kernel_amax_history, o.output_grad_amax_history),
+        op,
+        tuple(jnp.array([hist[k], 0.0]) for k in ("in", "kernel", "grad")),
+    )
+    dn = (((1,), (0,)), ((), ()))
+    out, vjp = jax.vjp(lambda a, b, o: o(a, b, dn), jnp.asarray(x), jnp.asarray(w), op)
+    dx, dw, new_op = vjp(jnp.asarray(g))
+
+    def amax(name, a):
+        return float(np.abs(a).max()) if scaling == "current" else hist[name]
+
+    e4m3, e5m2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+    qx, qw = _np_qdq(x, amax("in", x), e4m3), _np_qdq(w, amax("kernel", w), e4m3)
+    qg = _np_qdq(g, amax("grad", g), e5m2)
+    np.testing.assert_allclose(out, qx @ qw, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, qg @ qw.T, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(dw, qx.T @ qg, rtol=1e-5, atol=1e-9)
+    assert not np.allclose(dx, g @ w.T, rtol=1e-4, atol=0)  # the gradient really went through e5m2
+    e4m3_max, e5m2_max = float(ml_dtypes.finfo(e4m3).max), float(ml_dtypes.finfo(e5m2).max)
+    np.testing.assert_allclose(new_op.input_scale, [amax("in", x) / e4m3_max], rtol=1e-6)
+    np.testing.assert_allclose(new_op.output_grad_scale, [amax("grad", g) / e5m2_max], rtol=1e-6)
+    np.testing.assert_allclose(new_op.output_grad_amax_history, [np.abs(g).max(), hist["grad"]], rtol=1e-6)
+
+
+def test_unknown_scaling_is_refused():
+    with pytest.raises(ValueError, match="scaling"):
+        q.QuantizationConfig(fp8=True, scaling="just_in_time")
+
+
+def test_dequantize_restores_the_plain_product():
+    model = {"a": nn.Linear.init(In, Out, key=jax.random.key(0)), "b": nn.Linear.init(In, Out, key=jax.random.key(1))}
+    quantized = q.quantize_linear_layers(model, q.QuantizationConfig(targets=["a"], fp8=True))
+    x = hax.random.normal(jax.random.key(2), (B, In))
+    plain = q.dequantize_linear_layers(quantized)
+    assert isinstance(quantized["a"].dot_general, q.Fp8DotGeneralOp)
+    assert all(isinstance(m.dot_general, q.DefaultDotGeneralOp) for m in plain.values())
+    expected = np.asarray(x.array) @ np.asarray(model["a"].weight.rearrange((In, Out)).array)
+    np.testing.assert_allclose(plain["a"](x).array, expected, rtol=1e-5, atol=1e-5)

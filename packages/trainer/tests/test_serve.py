@@ -33,6 +33,7 @@ class GatedEngine:
         self.gate.set()
         self.running = threading.Event()
         self.fail = False
+        self.poison: list[int] | None = None  # a prompt that fails every batch it is in
         self.token_delay_s = 0.0
 
     def __getattr__(self, name):
@@ -45,6 +46,8 @@ class GatedEngine:
             if self.fail:
                 self.fail = False
                 raise RuntimeError("simulated device failure")
+            if self.poison is not None and self.poison in [list(p) for p in prompts]:
+                raise RuntimeError("simulated bad request")
             if on_token is not None and self.token_delay_s:
                 inner = on_token
 
@@ -256,13 +259,14 @@ def test_over_long_prompt_is_a_400(client, served):
         ("/completions", b"{not json", 400),
         ("/completions", b"\xff\xfe", 400),
         ("/completions", b"[1, 2]", 400),
-        ("/completions", b"[" * 100_000 + b"]" * 100_000, 400),  # nested too deep for the JSON parser
+        ("/completions", b"[" * 20_000 + b"]" * 20_000, 400),  # nested too deep for the JSON parser
         ("/chat/completions", b'{"messages": null}', 400),
         ("/nowhere", b"{}", 404),
     ],
 )
 def test_garbage_gets_a_json_error(served, path, content, status):
-    response = httpx.post(f"{served[0].base_url}{path}", content=content, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(f"{served[0].base_url}{path}", content=content, headers=headers, timeout=60)
     assert response.status_code == status
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -361,3 +365,205 @@ def test_entry_point_builds_the_app_from_a_folder(folder):
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["message"]["role"] == "assistant"
         assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 9}).status_code == 400
+
+
+def _small_request_answers(client):
+    """A small request, answered while the server deals with hostile ones."""
+    return client.completions.create(model="tiny", prompt="Hi", max_tokens=2, temperature=0).choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("headers", "content", "status", "says"),
+    [
+        ({}, b'{"prompt": "Hi"}', 415, "Content-Type: expected application/json, got 'none'"),
+        ({"Content-Type": "text/plain"}, b'{"prompt": "Hi"}', 415, "got 'text/plain'"),
+        ({"Content-Type": "application/json"}, b'{"prompt": "a\\ud800b"}', 400, "prompt: not valid Unicode"),
+        ({"Content-Type": "application/json"}, b'{"prompt": ["ok", "\\udfff"]}', 400, "prompt[1]: not valid"),
+        (
+            {"Content-Type": "application/json; charset=utf-8"},
+            b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+            400,
+            "messages[0].content: not valid Unicode",
+        ),
+    ],
+)
+def test_hardening_answers_4xx(served, client, headers, content, status, says):
+    url = served[0].base_url + ("/chat/completions" if b"messages" in content else "/completions")
+    response = httpx.post(url, content=content, headers=headers, timeout=60)
+    assert response.status_code == status, response.text
+    assert says in response.json()["error"]["message"]
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert _small_request_answers(client)
+
+
+def test_oversized_bodies_and_texts_are_refused_before_tokenizing(served, client):
+    from ponente.trainer.serve import MAX_BODY_BYTES, body_limit, longest_token_chars
+
+    tokenizer = served[3]
+    longest = longest_token_chars(tokenizer)
+    # independently: the longest token string of the vocabulary
+    assert longest == max(len(t) for t in tokenizer.get_vocab(with_added_tokens=True))
+    limit = body_limit(MAX_SEQ_LEN, 4, longest)
+    assert limit < MAX_BODY_BYTES
+    url = f"{served[0].base_url}/completions"
+    calls = []
+    original = tokenizer.encode
+
+    def counting_encode(text, *args, **kwargs):
+        calls.append(len(text))
+        return original(text, *args, **kwargs)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        small = pool.submit(_small_request_answers, client)
+        # a body larger than any request to this context: 413 (declared length, and streamed without a length)
+        big = json.dumps({"model": "tiny", "prompt": "x" * (limit + 10)}).encode()
+        declared = httpx.post(url, content=big, headers={"Content-Type": "application/json"}, timeout=60)
+        streamed = httpx.post(
+            url, content=iter([big[i : i + 65536] for i in range(0, len(big), 65536)]),
+            headers={"Content-Type": "application/json"}, timeout=60,
+        )  # fmt: skip
+        assert small.result(timeout=120)
+    for response in (declared, streamed):
+        assert response.status_code == 413, response.text
+        assert f"({limit} bytes)" in response.json()["error"]["message"]
+    # a text under the body limit but longer than the context can hold: refused without tokenizing it
+    too_long = "y" * (MAX_SEQ_LEN * longest * 2 + 1)
+    assert len(json.dumps({"prompt": too_long})) < limit
+    served[1].engine.tokenizer.encode = counting_encode
+    try:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="tiny", prompt=too_long, max_tokens=2)
+        with pytest.raises(openai.BadRequestError) as chat_info:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": too_long}])
+    finally:
+        del served[1].engine.tokenizer.encode
+    assert info.value.code == "context_length_exceeded"
+    assert "characters cannot fit" in info.value.body["message"]
+    assert chat_info.value.param == "messages"
+    assert not [n for n in calls if n >= len(too_long)], "the over-long text was tokenized"
+
+
+def test_docs_are_off_unless_asked_for(served):
+    base = served[0].base_url.removesuffix("/v1")
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(base + path, timeout=30).status_code == 404
+    engine, tokenizer = served[1], served[3]
+    app = create_app(engine, tokenizer, limits=ServerLimits(model_name="tiny", max_seq_len=MAX_SEQ_LEN), docs=True)
+    with ServerThread(app) as server:
+        schema = httpx.get(server.base_url.removesuffix("/v1") + "/openapi.json", timeout=30)
+        assert schema.status_code == 200
+        assert "/v1/completions" in schema.json()["paths"]
+
+
+def test_one_bad_request_fails_only_itself_in_a_batch(client, served):
+    engine, scheduler, tokenizer = served[1], served[2].state.scheduler, served[3]
+    engine.poison = tokenizer.encode("poison").ids
+    before = len(scheduler.batch_sizes)
+    engine.gate.clear()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            first = pool.submit(client.completions.create, model="tiny", prompt="warm", max_tokens=2, temperature=0)
+            assert engine.running.wait(60)
+            bad = pool.submit(client.completions.create, model="tiny", prompt="poison", max_tokens=4, temperature=0)
+            good = pool.submit(client.completions.create, model="tiny", prompt="fine", max_tokens=4, temperature=0)
+            deadline = time.monotonic() + 60
+            while scheduler.pending < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            engine.gate.set()
+            first.result()
+            assert (
+                good.result().choices[0].text == _direct(served, tokenizer.encode("fine").ids, max_new_tokens=4).text
+            )
+            with pytest.raises(openai.InternalServerError) as info:
+                bad.result()
+    finally:
+        engine.gate.set()
+        engine.poison = None
+    assert "simulated bad request" in info.value.body["message"]
+    # the warm-up alone, the batch of two that failed, then each of its requests alone
+    assert list(scheduler.batch_sizes)[before:] == [1, 2, 1, 1]
+
+
+def test_health_reports_a_dead_scheduler(served):
+    engine, tokenizer = served[1], served[3]
+    app = create_app(engine, tokenizer, limits=ServerLimits(model_name="tiny", max_seq_len=MAX_SEQ_LEN))
+    with ServerThread(app) as server:
+        base = server.base_url.removesuffix("/v1")
+        assert httpx.get(base + "/health", timeout=30).json()["status"] == "ok"
+        scheduler = app.state.scheduler
+
+        def broken():
+            raise MemoryError("simulated crash of the scheduler")
+
+        scheduler._take = broken
+        response = httpx.post(
+            f"{server.base_url}/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2}, timeout=60
+        )
+        assert response.status_code == 500
+        assert "simulated crash" in response.json()["error"]["message"]
+        health = httpx.get(base + "/health", timeout=30)
+        assert health.status_code == 503
+        assert "died: MemoryError: simulated crash" in health.json()["scheduler"]
+        again = httpx.post(
+            f"{server.base_url}/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2}, timeout=60
+        )
+        assert again.status_code == 503
+        assert "scheduler is not running" in again.json()["error"]["message"]
+
+
+def _hf_greedy(folder, ids, n, tokenizer):
+    """The reference: the text of transformers' greedy generation of ``n`` tokens from the folder's weights, cut at
+    the server's stop token."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    tokens = out[0, len(ids) :].tolist()
+    tokens = tokens[: tokens.index(3)] if 3 in tokens else tokens  # write_tiny_llama's </s> ends a completion
+    return tokenizer.decode(tokens)
+
+
+def test_update_weights_swaps_in_place_and_a_bad_folder_keeps_the_old_ones(client, served, folder, tmp_path, caplog):
+    import logging
+
+    import jax
+    import torch
+    import transformers
+
+    engine, tokenizer = served[1], served[3]
+    url = f"{served[0].base_url}/update_weights"
+    ids = tokenizer.encode("The quick brown fox").ids
+
+    def greedy():
+        return client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0).choices[0].text
+
+    before = _hf_greedy(folder, ids, 6, tokenizer)
+    assert greedy() == before
+    other = write_tiny_llama(tmp_path / "other", seed=1)
+    after = _hf_greedy(other, ids, 6, tokenizer)
+    assert after != before  # the two models really differ here
+    try:
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+            response = httpx.post(url, json={"path": str(other)}, timeout=120)
+            assert response.status_code == 200, response.text
+            assert greedy() == after
+        compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
+        assert not [m for m in compiled if "prefill" in m or "decode" in m], compiled
+        # another shape: 400 naming the parameter, and the engine keeps the weights it had
+        config = transformers.AutoConfig.from_pretrained(other)
+        config.intermediate_size = 48
+        transformers.LlamaForCausalLM(config).to(torch.float32).save_pretrained(tmp_path / "wider")
+        bad = httpx.post(url, json={"path": str(tmp_path / "wider")}, timeout=120)
+        assert bad.status_code == 400
+        assert "mlp" in bad.json()["error"]["message"]
+        assert "keeps its weights" in bad.json()["error"]["message"]
+        missing = httpx.post(url, json={"path": str(tmp_path / "nowhere")}, timeout=120)
+        assert missing.status_code == 400
+        assert missing.json()["error"]["param"] == "path"
+        assert greedy() == after
+    finally:
+        assert httpx.post(url, json={"path": str(folder)}, timeout=120).status_code == 200
+    assert greedy() == before
+    assert engine.engine.weights_version >= 2

@@ -25,6 +25,7 @@ from .gemma import GemmaConfig, GemmaLayout, GemmaLMHeadModel, GemmaRmsNorm
 from .gemma2 import Gemma2Config
 from .gemma3 import Gemma3Config
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
+from .gpt_oss import GptOssConfig, GptOssLMHeadModel
 from .llama import LlamaConfig, LlamaLMHeadModel
 from .lm import LmExample, LmHeadModel, is_aux_loss
 from .lora import LoraConfig, LoraLinear
@@ -60,6 +61,8 @@ __all__ = [
     "GemmaRmsNorm",
     "Gpt2Config",
     "Gpt2LMHeadModel",
+    "GptOssConfig",
+    "GptOssLMHeadModel",
     "KvCache",
     "LlamaConfig",
     "LlamaLMHeadModel",

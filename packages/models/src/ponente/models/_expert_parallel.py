@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -101,9 +101,15 @@ def _local_dispatch(
     devices: int,
     capacity_factor: float | None,
     psum_axes: tuple[str, ...],
+    activation: Callable[[jax.Array, jax.Array], jax.Array],
+    b1: jax.Array | None = None,
+    b3: jax.Array | None = None,
+    b2: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One device's part: ``x`` ``[..., embed]``, ``indices``/``weights`` ``[..., k]``, local expert weights
-    ``w1``/``w3`` ``[local experts, embed, mlp]``, ``w2`` ``[local experts, mlp, embed]``.
+    ``w1``/``w3`` ``[local experts, embed, mlp]``, ``w2`` ``[local experts, mlp, embed]``, optional local biases
+    ``b1``/``b3`` ``[local experts, mlp]`` and the down bias of *every* expert ``b2`` ``[experts, embed]`` (added by
+    the sender, after the sum over the tensor-parallel axes).
 
     Returns the output (``x``'s shape) and a ``[..., k]`` mask of the dropped assignments.
     """
@@ -143,16 +149,23 @@ def _local_dispatch(
     xs = recv_x.reshape(-1, embed)[order2]
     group_sizes = jnp.bincount(flat_e, length=local + 1)[:local].astype(jnp.int32)
     gate, up = tag((jax.lax.ragged_dot(xs, w1, group_sizes), jax.lax.ragged_dot(xs, w3, group_sizes)), "mlp_in")
-    ys_sorted = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w2, group_sizes)
+    row_expert = jnp.minimum(flat_e[order2], local - 1)  # empty rows read any bias: they are never read back
+    if b1 is not None:
+        gate = gate + b1[row_expert]
+    if b3 is not None:
+        up = up + b3[row_expert]
+    ys_sorted = jax.lax.ragged_dot(activation(gate, up), w2, group_sizes)
     ys = jnp.zeros_like(ys_sorted).at[order2].set(ys_sorted).reshape(devices, capacity, embed)
 
     # 4. results back to the devices that sent the rows, weighted and added to their tokens
     back = jax.lax.all_to_all(ys, axis, 0, 0) if axis is not None else ys
-    w_sorted = weights.reshape(-1)[order].astype(x.dtype)
-    y = back[dest, jnp.minimum(slot, capacity - 1)] * jnp.where(kept, w_sorted, 0)[:, None].astype(x.dtype)
+    w_kept = jnp.where(kept, weights.reshape(-1)[order].astype(x.dtype), 0)[:, None].astype(x.dtype)
+    y = back[dest, jnp.minimum(slot, capacity - 1)] * w_kept
     out = jnp.zeros_like(tokens).at[source].add(y)
     if psum_axes:
         out = jax.lax.psum(out, psum_axes)
+    if b2 is not None:
+        out = out.at[source].add(b2[expert_sorted] * w_kept)
     dropped = jnp.zeros((n_assign,), jnp.bool_).at[order].set(~kept)
     return out.reshape(*token_shape, embed), dropped.reshape(*token_shape, k)
 
@@ -166,6 +179,10 @@ def expert_parallel_dispatch(
     down_proj: NamedArray,
     *,
     capacity_factor: float | None = None,
+    activation: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    gate_bias: NamedArray | None = None,
+    up_bias: NamedArray | None = None,
+    down_bias: NamedArray | None = None,
 ) -> tuple[NamedArray, NamedArray]:
     """The SwiGLU experts applied to ``x`` by all-to-all over the mesh axis ``experts`` maps to (see the module).
 
@@ -178,6 +195,10 @@ def expert_parallel_dispatch(
         down_proj: ``(experts, embed, mlp)``.
         capacity_factor: None (dropless) or the size of each per-destination buffer relative to an even split of
             the device's assignments.
+        activation: the gated activation ``activation(gate, up)`` (None: SwiGLU, ``silu(gate) * up``).
+        gate_bias: ``(experts, mlp)`` or None.
+        up_bias: ``(experts, mlp)`` or None.
+        down_bias: ``(experts, embed)`` or None.
 
     Returns:
         ``(output with x's axes, a boolean (..., top_k) mask of the dropped assignments)``.
@@ -194,6 +215,15 @@ def expert_parallel_dispatch(
     w3 = up_proj.rearrange(("experts", "embed", "mlp"))
     w2 = down_proj.rearrange(("experts", "mlp", "embed"))
     n_experts = w1.resolve_axis("experts").size
+    act = activation if activation is not None else (lambda g, u: jax.nn.silu(g) * u)
+    biases = [
+        None if b is None else b.rearrange(names).array
+        for b, names in (
+            (gate_bias, ("experts", "mlp")),
+            (up_bias, ("experts", "mlp")),
+            (down_bias, ("experts", "embed")),
+        )
+    ]
     axis, devices = expert_axis()
     if n_experts % devices:
         raise ValueError(
@@ -212,6 +242,10 @@ def expert_parallel_dispatch(
             devices=1,
             capacity_factor=capacity_factor,
             psum_axes=(),
+            activation=act,
+            b1=biases[0],
+            b3=biases[1],
+            b2=biases[2],
         )
     else:
         mesh = _mesh()
@@ -222,9 +256,28 @@ def expert_parallel_dispatch(
         up_spec = PartitionSpec(axis, None, mlp_spec)
         down_spec = PartitionSpec(axis, mlp_spec, None)
 
-        def body(xa: Any, ia: Any, wa: Any, a1: Any, a3: Any, a2: Any) -> Any:
+        bias_specs = (PartitionSpec(axis, mlp_spec), PartitionSpec(axis, mlp_spec), PartitionSpec(None, None))
+        present = [i for i, b in enumerate(biases) if b is not None]
+
+        def body(xa: Any, ia: Any, wa: Any, a1: Any, a3: Any, a2: Any, *bs: Any) -> Any:
+            given: list[Any] = [None, None, None]
+            for i, b in zip(present, bs, strict=True):
+                given[i] = b
             return _local_dispatch(
-                xa, ia, wa, a1, a3, a2, axis=axis, devices=devices, capacity_factor=capacity_factor, psum_axes=mlp_axes
+                xa,
+                ia,
+                wa,
+                a1,
+                a3,
+                a2,
+                axis=axis,
+                devices=devices,
+                capacity_factor=capacity_factor,
+                psum_axes=mlp_axes,
+                activation=act,
+                b1=given[0],
+                b3=given[1],
+                b2=given[2],
             )
 
         out, dropped = jax.shard_map(
@@ -237,8 +290,9 @@ def expert_parallel_dispatch(
                 up_spec,
                 up_spec,
                 down_spec,
+                *(bias_specs[i] for i in present),
             ),
             out_specs=(PartitionSpec(*token_spec, None), PartitionSpec(*token_spec, None)),
             check_vma=False,
-        )(x.array, indices.array, weights.array, w1.array, w3.array, w2.array)
+        )(x.array, indices.array, weights.array, w1.array, w3.array, w2.array, *(biases[i] for i in present))
     return hax.named(out, (*token_axes, Embed)), hax.named(dropped, indices.axes)

@@ -213,13 +213,14 @@ class GatedMlp(eqx.Module):
 
 
 class QkNormAttention(ModuleWithStateDictSerialization):
-    """Grouped-query attention with an optional QK-norm and the attention settings of the Gemma family.
+    """Grouped-query attention with an optional QK-norm, the attention settings of the Gemma family and optional
+    attention sinks (gpt-oss).
 
     Reuses :class:`~ponente.models.attention.Attention`'s projections, rotary settings and backend. The norms are
     the QK-norm of Qwen3 (one learned scale over ``head_size`` shared by all heads), of OLMo 2 (a scale over all
     head axes) or of Gemma 3 (a ``(1 + w)`` scale over ``head_size``), applied before the rotary embedding; Gemma 1/2
     have none. Its state-dict keys are ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm`` and ``k_norm`` (as
-    Hugging Face's). Called through :func:`self_attention`.
+    Hugging Face's), plus ``sinks`` when the layer has them. Called through :func:`self_attention`.
 
     With ``local_rotary`` (the Gemma family) the layer holds both kinds of layer: it projects (and normalizes) the
     queries, keys and values once and then picks the rotary, mask and window of a sliding or a full layer;
@@ -235,11 +236,14 @@ class QkNormAttention(ModuleWithStateDictSerialization):
         scaling: multiplies the attention logits (None: ``1 / sqrt(head_size)``) (static).
         soft_cap: caps the attention logits with ``cap * tanh(logits / cap)`` (None: no cap; only the backends that
             support it, see :mod:`ponente.models.attention.backends`) (static).
+        sinks: one learned logit per query head (axis ``heads``, Hugging Face's head order), added to the softmax's
+            denominator (gpt-oss; only the ``reference`` backend and the KV cache compute it), or None.
     """
 
     attn: Attention
     q_norm: Norm | None
     k_norm: Norm | None
+    sinks: NamedArray | None = None
     local_rotary: RotaryConfig | None = eqx.field(static=True, default=None)
     scaling: float | None = eqx.field(static=True, default=None)
     soft_cap: float | None = eqx.field(static=True, default=None)
@@ -309,6 +313,7 @@ def _attend(
     scaling, soft_cap = (layer.scaling, layer.soft_cap) if isinstance(layer, QkNormAttention) else (None, None)
     q, k, v = qkv
     HeadSize = a.o_proj.weight.resolve_axis("head_size")
+    sinks = _head_sinks(layer, q)
     if rotary is not None:
         q = apply_rotary(q, Pos, HeadSize, rotary, pos_ids)
         k = apply_rotary(k, Pos, HeadSize, rotary, pos_ids)
@@ -324,6 +329,7 @@ def _attend(
             backend=a.backend,
             block_size=a.block_size,
             logit_soft_cap=soft_cap,
+            sinks=sinks,
         )
         return out, None
     if pos_ids is None:
@@ -339,8 +345,18 @@ def _attend(
         logit_soft_cap=soft_cap,
         backend=a.backend,
         block_size=a.block_size,
+        sinks=sinks,
     )
     return out, cache
+
+
+def _head_sinks(layer: Attention | QkNormAttention, q: NamedArray) -> NamedArray | None:
+    """The layer's sink logits over the query's head axes (``heads`` unflattened as ``(kv_heads,
+    q_heads_per_group)``, so Hugging Face head ``h`` belongs to key head ``h // group``), or None."""
+    if not isinstance(layer, QkNormAttention) or layer.sinks is None:
+        return None
+    head_axes = tuple(ax for ax in q.axes if ax.name in ("kv_heads", "q_heads_per_group"))
+    return layer.sinks.unflatten_axis("heads", head_axes)
 
 
 def self_attention(

@@ -276,10 +276,8 @@ class GemmaLMHeadModel(DecoderLM):
         return None
 
     def get_lm_head(self) -> NamedArray:
-        """The output projection weight (``embed``, ``vocab``): ``lm_head``'s, or the token embedding if tied.
-
-        Unlike :meth:`DecoderLM.get_lm_head`, a padded vocabulary's padding rows are kept (so a blockwise or fused
-        loss of a padded Gemma also sums over them; kept as it was, see the changelog).
+        """The output projection weight (``embed``, ``vocab``) without padded vocabulary rows (see
+        :meth:`DecoderLM.get_lm_head`), for the blockwise and fused losses.
 
         Raises:
             NotImplementedError: with final logit soft-capping, as logits are then not ``activations · lm_head``
@@ -292,6 +290,4 @@ class GemmaLMHeadModel(DecoderLM):
                 f"{reason}, so the blockwise loss (compute_next_token_loss(..., block_size=...)) cannot be used; "
                 "use block_size=None"
             )
-        if self.lm_head is None:
-            return self.transformer.embed_tokens.weight
-        return self.lm_head.weight
+        return super().get_lm_head()

@@ -26,6 +26,7 @@ from .remat import tag
 
 __all__ = [
     "MOE_DISPATCHES",
+    "ClampedSwiGlu",
     "MoeMlp",
     "RouterOutput",
     "balance_bias_frozen",
@@ -33,6 +34,7 @@ __all__ = [
     "expert_load",
     "load_balancing_loss",
     "route_top_k",
+    "route_top_k_softmax",
     "router_metrics",
     "sparse_flops_per_token",
     "update_balance_bias",
@@ -109,6 +111,70 @@ def route_top_k(
         top = hax.sum(hax.nn.one_hot(indices, Experts, dtype=jnp.float32) * probs, Experts)
     weights = top / hax.sum(top, TOP_K) if normalize else top
     return RouterOutput(probs=probs, weights=weights, indices=indices, logsumexp=hax.nn.logsumexp(logits, Experts))
+
+
+def route_top_k_softmax(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutput:
+    """Top-k routing as gpt-oss does it: keep the ``k`` highest logits, and softmax over those ``k`` alone.
+
+    The weights are the softmax of the chosen logits (summing to 1); ``probs`` is the softmax over every expert, as
+    the load-balancing loss reads it (transformers' ``load_balancing_loss_func``). Computed in float32.
+
+    Args:
+        router_logits: ``(..., Experts)`` router logits.
+        Experts: the experts axis.
+        k: experts per token (``num_experts_per_tok``), between 1 and ``Experts.size``.
+
+    Returns:
+        The probabilities, the chosen experts and their combination weights (axis ``top_k`` of size ``k``).
+
+    Raises:
+        ValueError: if ``k`` is not in ``1 .. Experts.size``.
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> E = hax.Axis("experts", 3)
+        >>> r = route_top_k_softmax(hax.named(jnp.log(jnp.array([0.2, 0.5, 0.3])), "experts"), E, 2)
+        >>> r.indices.array.tolist(), [round(w, 4) for w in r.weights.array.tolist()]
+        ([1, 2], [0.625, 0.375])
+    """
+    if not 1 <= k <= Experts.size:
+        raise ValueError(
+            f"route_top_k_softmax: k must be in 1..{Experts.size} (the size of axis {Experts.name!r}), got {k}"
+        )
+    logits = router_logits.astype(jnp.float32)
+    top, indices = hax.top_k(logits, Experts, k, new_axis=TOP_K)
+    return RouterOutput(
+        probs=hax.nn.softmax(logits, Experts),
+        weights=hax.nn.softmax(top, TOP_K),
+        indices=indices,
+        logsumexp=hax.nn.logsumexp(logits, Experts),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampedSwiGlu:
+    """gpt-oss's expert activation: a SwiGLU with a sigmoid gain and clamped inputs, and ``up`` shifted by one.
+
+    ``(clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, limit)``.
+
+    Attributes:
+        alpha: the sigmoid's gain (``swiglu_alpha``).
+        limit: the clamp (``swiglu_limit``): ``gate`` from above, ``up`` on both sides.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> ClampedSwiGlu(alpha=1.0, limit=1.0)(jnp.array([0.0, 9.0]), jnp.array([5.0, -1.0])).tolist()
+        [0.0, 0.0]
+    """
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __call__(self, gate: jax.Array, up: jax.Array) -> jax.Array:
+        """The activation of the experts' ``gate`` and ``up`` projections (same shapes)."""
+        gate = jnp.minimum(gate, self.limit)
+        up = jnp.clip(up, -self.limit, self.limit)
+        return (up + 1) * gate * jax.nn.sigmoid(self.alpha * gate)
 
 
 def _assignments(indices: NamedArray, Experts: Axis) -> NamedArray:
@@ -200,13 +266,20 @@ class MoeMlp(ModuleWithStateDictSerialization):
       even share (assignments beyond it are dropped and counted in :attr:`RouterOutput.dropped`).
 
     Attributes:
-        router: ``Embed -> Experts`` without bias (state-dict key ``gate``).
+        router: ``Embed -> Experts``, with a bias or not (state-dict key ``gate``).
         gate_proj: ``(experts, mlp, embed)``, the experts' gate projections (key ``experts.w1``).
         up_proj: ``(experts, mlp, embed)``, the experts' up projections (key ``experts.w3``).
         down_proj: ``(experts, embed, mlp)``, the experts' down projections (key ``experts.w2``).
         num_experts_per_tok: ``k`` (static).
         dispatch: ``"auto"``, ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (static).
         norm_topk_prob: renormalize the chosen experts' probabilities to sum to 1 (Mixtral; static).
+        gate_bias: ``(experts, mlp)``, the gate projections' biases (key ``experts.b1``), or None (gpt-oss has them).
+        up_bias: ``(experts, mlp)``, the up projections' biases (key ``experts.b3``), or None.
+        down_bias: ``(experts, embed)``, the down projections' biases (key ``experts.b2``), or None.
+        activation: the experts' gated activation: None for SwiGLU (``silu(gate) * up``), or a
+            :class:`ClampedSwiGlu` (gpt-oss) (static).
+        softmax_after_top_k: route with :func:`route_top_k_softmax` (softmax over the ``k`` chosen logits, gpt-oss)
+            instead of :func:`route_top_k` (static).
         capacity_factor: ``"expert_parallel"`` only: None (dropless) or the per-destination buffer size relative to
             an even split (static).
         balance_bias: ``(experts,)`` bias added to the router probabilities for the top-k choice only (DeepSeek-V3's
@@ -220,11 +293,24 @@ class MoeMlp(ModuleWithStateDictSerialization):
     num_experts_per_tok: int = eqx.field(static=True)
     dispatch: str = eqx.field(static=True, default="auto")
     norm_topk_prob: bool = eqx.field(static=True, default=True)
+    gate_bias: NamedArray | None = None
+    up_bias: NamedArray | None = None
+    down_bias: NamedArray | None = None
+    activation: ClampedSwiGlu | None = eqx.field(static=True, default=None)
+    softmax_after_top_k: bool = eqx.field(static=True, default=False)
     capacity_factor: float | None = eqx.field(static=True, default=None)
     balance_bias: NamedArray | None = None
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
-        return {"router": "gate", "gate_proj": "experts.w1", "up_proj": "experts.w3", "down_proj": "experts.w2"}
+        return {
+            "router": "gate",
+            "gate_proj": "experts.w1",
+            "up_proj": "experts.w3",
+            "down_proj": "experts.w2",
+            "gate_bias": "experts.b1",
+            "up_bias": "experts.b3",
+            "down_bias": "experts.b2",
+        }
 
     @staticmethod
     def init(
@@ -236,6 +322,9 @@ class MoeMlp(ModuleWithStateDictSerialization):
         key: jax.Array,
         dispatch: str = "auto",
         norm_topk_prob: bool = True,
+        bias: bool = False,
+        activation: ClampedSwiGlu | None = None,
+        softmax_after_top_k: bool = False,
         capacity_factor: float | None = None,
         balance_bias: bool = False,
     ) -> MoeMlp:
@@ -249,6 +338,9 @@ class MoeMlp(ModuleWithStateDictSerialization):
             key: the PRNG key.
             dispatch: ``"auto"``, ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (see the class docstring).
             norm_topk_prob: renormalize the chosen experts' probabilities (see :func:`route_top_k`).
+            bias: give the router and the experts' projections biases (zeros).
+            activation: the experts' activation (None: SwiGLU; see the class docstring).
+            softmax_after_top_k: route with :func:`route_top_k_softmax` (see the class docstring).
             capacity_factor: see the class docstring (None: dropless).
             balance_bias: give the layer a zero :attr:`balance_bias`.
 
@@ -267,13 +359,18 @@ class MoeMlp(ModuleWithStateDictSerialization):
             )
         k_router, k_gate, k_up, k_down = jax.random.split(key, 4)
         return MoeMlp(
-            router=Linear.init(Embed, Experts, key=k_router, use_bias=False),
+            router=Linear.init(Embed, Experts, key=k_router, use_bias=bias),
             gate_proj=hax.random.normal(k_gate, (Experts, Mlp, Embed)) * (Embed.size**-0.5),
             up_proj=hax.random.normal(k_up, (Experts, Mlp, Embed)) * (Embed.size**-0.5),
             down_proj=hax.random.normal(k_down, (Experts, Embed, Mlp)) * (Mlp.size**-0.5),
             num_experts_per_tok=num_experts_per_tok,
             dispatch=dispatch,
             norm_topk_prob=norm_topk_prob,
+            gate_bias=hax.zeros((Experts, Mlp)) if bias else None,
+            up_bias=hax.zeros((Experts, Mlp)) if bias else None,
+            down_bias=hax.zeros((Experts, Embed)) if bias else None,
+            activation=activation,
+            softmax_after_top_k=softmax_after_top_k,
             capacity_factor=capacity_factor,
             balance_bias=hax.zeros(Experts) if balance_bias else None,
         )
@@ -284,7 +381,9 @@ class MoeMlp(ModuleWithStateDictSerialization):
         return self.gate_proj.resolve_axis("experts")
 
     def route(self, x: NamedArray) -> RouterOutput:
-        """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`)."""
+        """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`, :func:`route_top_k_softmax`)."""
+        if self.softmax_after_top_k:
+            return route_top_k_softmax(self.router(x), self.Experts, self.num_experts_per_tok)
         return route_top_k(
             self.router(x),
             self.Experts,
@@ -319,6 +418,10 @@ class MoeMlp(ModuleWithStateDictSerialization):
             self.up_proj,
             self.down_proj,
             capacity_factor=self.capacity_factor,
+            activation=self.activation,
+            gate_bias=self.gate_bias,
+            up_bias=self.up_bias,
+            down_bias=self.down_bias,
         )
         if self.capacity_factor is not None:
             routing = dataclasses.replace(routing, dropped=dropped)
@@ -333,8 +436,21 @@ class MoeMlp(ModuleWithStateDictSerialization):
         )
         Embed = x.resolve_axis("embed")
         gate, up = tag((hax.dot(x, self.gate_proj, axis=Embed), hax.dot(x, self.up_proj, axis=Embed)), "mlp_in")
-        out = hax.dot(hax.nn.silu(gate) * up * combine, self.down_proj, axis=(Experts.name, "mlp"))
+        gate = gate if self.gate_bias is None else gate + self.gate_bias
+        up = up if self.up_bias is None else up + self.up_bias
+        hidden = NamedArray(self._activate(gate.array, up.rearrange(gate.axes).array), gate.axes)
+        out = hax.dot(hidden * combine, self.down_proj, axis=(Experts.name, "mlp"))
+        if self.down_bias is not None:
+            out = out + hax.dot(combine, self.down_bias, axis=Experts.name)
         return tag(out, "mlp_out")
+
+    def _activate(self, gate: jax.Array, up: jax.Array) -> jax.Array:
+        """The experts' gated activation of ``gate`` and ``up`` (same shapes): SwiGLU, or ``self.activation``."""
+        return jax.nn.silu(gate) * up if self.activation is None else self.activation(gate, up)
+
+    def _bias_rows(self, bias: NamedArray | None, experts: jax.Array, Out: str) -> jax.Array | float:
+        """``bias`` (``(experts, Out)``) of the expert of each row (``experts``: expert ids), or 0 without bias."""
+        return 0.0 if bias is None else bias.rearrange(("experts", Out)).array[experts]
 
     def _sorted(self, x: NamedArray, routing: RouterOutput) -> NamedArray:
         """The ``"sorted"`` dispatch: grouped matrix products over the assignments sorted by expert."""
@@ -352,8 +468,12 @@ class MoeMlp(ModuleWithStateDictSerialization):
         w3 = self.up_proj.rearrange(("experts", "embed", "mlp")).array
         w2 = self.down_proj.rearrange(("experts", "mlp", "embed")).array
         gate, up = tag((jax.lax.ragged_dot(xs, w1, group_sizes), jax.lax.ragged_dot(xs, w3, group_sizes)), "mlp_in")
-        hidden = jax.nn.silu(gate) * up
-        ys = jax.lax.ragged_dot(hidden, w2, group_sizes) * weights[order][:, None].astype(x.dtype)
+        expert = chosen[order]  # the expert of each sorted assignment
+        gate = gate + self._bias_rows(self.gate_bias, expert, "mlp")
+        up = up + self._bias_rows(self.up_bias, expert, "mlp")
+        hidden = self._activate(gate, up)
+        ys = jax.lax.ragged_dot(hidden, w2, group_sizes) + self._bias_rows(self.down_bias, expert, "embed")
+        ys = ys * weights[order][:, None].astype(x.dtype)
         out = jnp.zeros_like(tokens).at[source].add(ys)
         return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))
 

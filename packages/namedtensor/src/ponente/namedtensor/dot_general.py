@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from .axis import Axis
 
 __all__ = [
+    "FP8_SCALINGS",
     "DefaultDotGeneralOp",
     "DotGeneralOp",
     "Fp8DotGeneralOp",
@@ -115,30 +116,31 @@ def _quantize_dequantize(x: jax.Array, q_dtype: Any, scale: jax.Array, compute_d
 
 
 def _delayed_scaling(
-    x: jax.Array, q_dtype: Any, scale: jax.Array, history: jax.Array, compute_dtype: Any
+    x: jax.Array, q_dtype: Any, scale: jax.Array, history: jax.Array, compute_dtype: Any, current_scaling: bool = False
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Quantizes with the scale derived from the amax history; returns ``(qdq(x), new_scale, new_history)``."""
-    new_scale = compute_scale(jnp.max(history), scale, _fp8_max(q_dtype))
-    qx = _quantize_dequantize(x, q_dtype, new_scale, compute_dtype)
+    """Quantizes with the scale derived from the amax history (``current_scaling``: from ``x``'s own absolute
+    maximum); returns ``(qdq(x), new_scale, new_history)``."""
     current = jnp.max(jnp.abs(x)).astype(history.dtype)
+    new_scale = compute_scale(current if current_scaling else jnp.max(history), scale, _fp8_max(q_dtype))
+    qx = _quantize_dequantize(x, q_dtype, new_scale, compute_dtype)
     # slot 0 takes the newest maximum and the rest rotate, so the oldest one drops out (Flax's layout)
     new_history = jnp.roll(history, -1).at[0].set(current)
     return qx, new_scale, new_history
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _in_qdq(compute_dtype: Any, x: jax.Array, scale: jax.Array, history: jax.Array) -> jax.Array:
-    return _delayed_scaling(x, jnp.float8_e4m3fn, scale, history, compute_dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _in_qdq(compute_dtype: Any, current: bool, x: jax.Array, scale: jax.Array, history: jax.Array) -> jax.Array:
+    return _delayed_scaling(x, jnp.float8_e4m3fn, scale, history, compute_dtype, current)[0]
 
 
 def _in_qdq_fwd(
-    compute_dtype: Any, x: jax.Array, scale: jax.Array, history: jax.Array
+    compute_dtype: Any, current: bool, x: jax.Array, scale: jax.Array, history: jax.Array
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    qx, new_scale, new_history = _delayed_scaling(x, jnp.float8_e4m3fn, scale, history, compute_dtype)
+    qx, new_scale, new_history = _delayed_scaling(x, jnp.float8_e4m3fn, scale, history, compute_dtype, current)
     return qx, (new_scale, new_history)
 
 
-def _in_qdq_bwd(compute_dtype: Any, res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[Any, ...]:
+def _in_qdq_bwd(compute_dtype: Any, current: bool, res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[Any, ...]:
     # straight-through for x; the "gradients" of the state are its new values (overwritten, not optimized)
     new_scale, new_history = res
     return g, new_scale, new_history
@@ -147,33 +149,39 @@ def _in_qdq_bwd(compute_dtype: Any, res: tuple[jax.Array, jax.Array], g: jax.Arr
 _in_qdq.defvjp(_in_qdq_fwd, _in_qdq_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _out_qdq(compute_dtype: Any, y: jax.Array, scale: jax.Array, history: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _out_qdq(compute_dtype: Any, current: bool, y: jax.Array, scale: jax.Array, history: jax.Array) -> jax.Array:
     return y
 
 
 def _out_qdq_fwd(
-    compute_dtype: Any, y: jax.Array, scale: jax.Array, history: jax.Array
+    compute_dtype: Any, current: bool, y: jax.Array, scale: jax.Array, history: jax.Array
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     return y, (scale, history)
 
 
-def _out_qdq_bwd(compute_dtype: Any, res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[Any, ...]:
+def _out_qdq_bwd(compute_dtype: Any, current: bool, res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[Any, ...]:
     scale, history = res
-    qg, new_scale, new_history = _delayed_scaling(g, jnp.float8_e5m2, scale, history, compute_dtype)
+    qg, new_scale, new_history = _delayed_scaling(g, jnp.float8_e5m2, scale, history, compute_dtype, current)
     return qg, new_scale, new_history
 
 
 _out_qdq.defvjp(_out_qdq_fwd, _out_qdq_bwd)
 
 
+FP8_SCALINGS = ("delayed", "current")
+"""How an FP8 scale is chosen: from the amax history of earlier calls, or from the tensor itself."""
+
+
 class Fp8DotGeneralOp(OverwriteWithGradient):
-    """A ``dot_general`` that computes in FP8 with delayed per-tensor scaling.
+    """A ``dot_general`` that computes in FP8 with delayed (or current) per-tensor scaling.
 
     Inputs and kernel are quantized to ``float8_e4m3fn``; the output gradient to ``float8_e5m2`` in
     the backward pass. Each tensor's scale is :func:`compute_scale` of the maximum of its amax history;
     the history records the tensor's absolute maximum at every call (slot 0 the newest; the others
-    rotate, so the window holds the last ``amax_history_length`` maxima).
+    rotate, so the window holds the last ``amax_history_length`` maxima). With ``scaling="current"`` the
+    scale is :func:`compute_scale` of the tensor's own absolute maximum at this call instead (the history is
+    still recorded).
 
     Because the new state travels as a gradient, call each quantized layer once per gradient
     computation and not under ``vmap`` over the batch (cotangents of shared state are summed: a
@@ -192,6 +200,7 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
         output_grad_amax_history: absolute maxima of past output gradients.
         kernel_amax_history: absolute maxima of past kernels.
         compute_dtype: dtype in which the scaling division is done (None: the operand's dtype).
+        scaling: ``"delayed"`` or ``"current"`` (static).
 
     Example:
         >>> import jax
@@ -209,10 +218,15 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
     output_grad_amax_history: jax.Array
     kernel_amax_history: jax.Array
     compute_dtype: Any = eqx.field(static=True, default=None)
+    scaling: str = eqx.field(static=True, default="delayed")
 
     @classmethod
     def init(
-        cls, amax_history_length: int = 1024, compute_dtype: Any = None, batch_axes: Sequence[Axis] = ()
+        cls,
+        amax_history_length: int = 1024,
+        compute_dtype: Any = None,
+        batch_axes: Sequence[Axis] = (),
+        scaling: str = "delayed",
     ) -> Fp8DotGeneralOp:
         """Fresh state: scales 1, histories of zeros.
 
@@ -220,19 +234,23 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
             amax_history_length: how many past absolute maxima each scale looks at.
             compute_dtype: dtype for the scaling arithmetic (None: the operand's dtype).
             batch_axes: leading axes of a stacked layer (one independent state per entry).
+            scaling: ``"delayed"`` (each scale from the amax history of earlier calls) or ``"current"`` (from the
+                tensor's own absolute maximum at this call: no lag, one more reduction per tensor).
 
         Returns:
             The operator.
 
         Raises:
-            ValueError: if ``amax_history_length`` is less than 1.
+            ValueError: if ``amax_history_length`` is less than 1, or ``scaling`` is neither of the two.
         """
         if amax_history_length < 1:
             raise ValueError(f"amax_history_length must be at least 1, got {amax_history_length}")
+        if scaling not in FP8_SCALINGS:
+            raise ValueError(f"scaling must be one of {FP8_SCALINGS}, got {scaling!r}")
         lead = tuple(ax.size for ax in batch_axes)
         one = jnp.ones((*lead, 1), jnp.float32)
         hist = jnp.zeros((*lead, amax_history_length), jnp.float32)
-        return cls(one, one, one, hist, hist, hist, compute_dtype)
+        return cls(one, one, one, hist, hist, hist, compute_dtype, scaling)
 
     def __call__(
         self,
@@ -252,10 +270,11 @@ class Fp8DotGeneralOp(OverwriteWithGradient):
                 f"Fp8DotGeneralOp: the FP8 state has the stacked dimensions {self.input_amax_history.shape[:-1]}; "
                 "apply the layer per layer (e.g. through Stacked.fold or hax.fold over that axis)"
             )
-        x = _in_qdq(self.compute_dtype, lhs, self.input_scale, self.input_amax_history)
-        k = _in_qdq(self.compute_dtype, rhs, self.kernel_scale, self.kernel_amax_history)
+        current = self.scaling == "current"
+        x = _in_qdq(self.compute_dtype, current, lhs, self.input_scale, self.input_amax_history)
+        k = _in_qdq(self.compute_dtype, current, rhs, self.kernel_scale, self.kernel_amax_history)
         y = jax.lax.dot_general(x, k, dimension_numbers, precision, preferred_element_type)
-        return _out_qdq(self.compute_dtype, y, self.output_grad_scale, self.output_grad_amax_history)
+        return _out_qdq(self.compute_dtype, current, y, self.output_grad_scale, self.output_grad_amax_history)
 
 
 # --- INT8 ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import jax
 
 from .axis import axis_name, axis_spec_to_tuple
 from .dot_general import (
+    FP8_SCALINGS,
     DefaultDotGeneralOp,
     DotGeneralOp,
     Fp8DotGeneralOp,
@@ -40,6 +41,7 @@ from .dot_general import (
 from .nn.linear import Linear
 
 __all__ = [
+    "FP8_SCALINGS",
     "DefaultDotGeneralOp",
     "DotGeneralOp",
     "Fp8DotGeneralOp",
@@ -48,6 +50,7 @@ __all__ = [
     "QuantizationConfig",
     "apply_updates",
     "compute_scale",
+    "dequantize_linear_layers",
     "partition_for_grad_overwrite",
     "quantize_linear_layers",
 ]
@@ -67,9 +70,11 @@ class QuantizationConfig:
         compute_dtype: dtype of the FP8 scaling arithmetic (None: the operand's dtype).
         fp8: quantize to FP8 with delayed scaling (:class:`Fp8DotGeneralOp`).
         int8: quantize to int8 (:class:`Int8DotGeneralOp`).
+        scaling: FP8 only: ``"delayed"`` (scales from the amax history) or ``"current"`` (from each tensor's own
+            absolute maximum at every call); see :class:`Fp8DotGeneralOp`.
 
     Raises:
-        ValueError: if both ``fp8`` and ``int8`` are set.
+        ValueError: if both ``fp8`` and ``int8`` are set, or for an unknown ``scaling``.
     """
 
     targets: Sequence[str] | str | None = None
@@ -77,10 +82,13 @@ class QuantizationConfig:
     compute_dtype: Any = None
     fp8: bool = False
     int8: bool = False
+    scaling: str = "delayed"
 
     def __post_init__(self) -> None:
         if self.fp8 and self.int8:
             raise ValueError("QuantizationConfig: choose one of fp8=True and int8=True, not both")
+        if self.scaling not in FP8_SCALINGS:
+            raise ValueError(f"QuantizationConfig: scaling must be one of {FP8_SCALINGS}, got {self.scaling!r}")
 
 
 def _path_str(path: Sequence[Any]) -> list[str]:
@@ -139,7 +147,37 @@ def quantize_linear_layers(tree: T, config: QuantizationConfig) -> T:
         else:
             own = set(axis_name(axis_spec_to_tuple(node.In))) | set(axis_name(axis_spec_to_tuple(node.Out)))
             extra = tuple(ax for ax in node.weight.axes if ax.name not in own)
-            op = Fp8DotGeneralOp.init(config.amax_history_length, config.compute_dtype, extra)
+            op = Fp8DotGeneralOp.init(config.amax_history_length, config.compute_dtype, extra, config.scaling)
         return eqx.tree_at(lambda lin: lin.dot_general, node, op)
 
     return jax.tree_util.tree_map_with_path(visit, tree, is_leaf=lambda x: isinstance(x, Linear))
+
+
+def dequantize_linear_layers(tree: T) -> T:
+    """The inverse of :func:`quantize_linear_layers`: every ``Linear`` gets the plain product back.
+
+    The weights are unchanged (quantization keeps them in full precision; only the products are quantized), so
+    the result is the model to export or to serve without quantization. FP8 scales and histories are dropped.
+
+    Args:
+        tree: a module or any pytree containing :class:`~ponente.namedtensor.nn.Linear` layers.
+
+    Returns:
+        The tree with every ``Linear``'s ``dot_general`` a :class:`DefaultDotGeneralOp`.
+
+    Example:
+        >>> import jax, ponente.namedtensor as hax
+        >>> In, Out = hax.make_axes(In=4, Out=2)
+        >>> layer = quantize_linear_layers(
+        ...     hax.nn.Linear.init(In, Out, key=jax.random.key(0)), QuantizationConfig(int8=True)
+        ... )
+        >>> type(dequantize_linear_layers(layer).dot_general).__name__
+        'DefaultDotGeneralOp'
+    """
+
+    def visit(node: Any) -> Any:
+        if not isinstance(node, Linear) or isinstance(node.dot_general, DefaultDotGeneralOp):
+            return node
+        return eqx.tree_at(lambda lin: lin.dot_general, node, DefaultDotGeneralOp())
+
+    return jax.tree_util.tree_map(visit, tree, is_leaf=lambda x: isinstance(x, Linear))

@@ -14,15 +14,36 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["FilterTree", "TrainerState", "init_state", "trainable_filter"]
+from ponente.namedtensor.quantization import OverwriteWithGradient
+
+__all__ = ["FilterTree", "TrainerState", "init_state", "overwrite_mask", "trainable_filter"]
 
 FilterTree = bool | Callable[[Any], bool] | Any
 """Which parts of a model train: True (all floating arrays), a function of a leaf, or a pytree prefix of
 the model whose leaves are bools or such functions (as ``equinox.partition`` accepts)."""
 
 
+def _is_overwrite(x: Any) -> bool:
+    return isinstance(x, OverwriteWithGradient)
+
+
+def overwrite_mask(model: Any) -> Any:
+    """A bool per leaf of ``model``: True for the arrays of modules that a step overwrites with their gradient.
+
+    Those are the states of FP8 products (scales and amax histories, see
+    :class:`ponente.namedtensor.quantization.OverwriteWithGradient`): their gradient is their new value, so they are
+    never given to the optimizer.
+    """
+
+    def mark(node: Any) -> Any:
+        return jax.tree_util.tree_map(lambda _: True, node) if _is_overwrite(node) else False
+
+    return jax.tree_util.tree_map(mark, model, is_leaf=_is_overwrite)
+
+
 def trainable_filter(model: Any, is_trainable: FilterTree = True) -> Any:
-    """The boolean mask of the model's trainable leaves: floating-point arrays selected by ``is_trainable``.
+    """The boolean mask of the model's trainable leaves: floating-point arrays selected by ``is_trainable``, except
+    the overwritten states of FP8 products (see :func:`overwrite_mask`).
 
     Args:
         model: the model (a pytree, e.g. an Equinox module).
@@ -38,9 +59,10 @@ def trainable_filter(model: Any, is_trainable: FilterTree = True) -> Any:
     """
     selected = eqx.filter(model, is_trainable, replace=_Missing())
     return jax.tree_util.tree_map(
-        lambda leaf, sel: (not isinstance(sel, _Missing)) and eqx.is_inexact_array(leaf),
+        lambda leaf, sel, over: (not isinstance(sel, _Missing)) and eqx.is_inexact_array(leaf) and not over,
         model,
         selected,
+        overwrite_mask(model),
     )
 
 
@@ -81,6 +103,16 @@ class TrainerState(eqx.Module):
             The two halves, each with the model's structure and None where the other has a leaf.
         """
         return eqx.partition(self.model, trainable_filter(self.model, self.is_trainable))
+
+    def split_overwrites(self) -> tuple[Any, Any, Any]:
+        """The model split into (trainable parameters, overwritten states, everything else).
+
+        The overwritten states (FP8 scales and histories, see :func:`overwrite_mask`) are differentiated with the
+        parameters but replaced by their gradient instead of being optimized. ``eqx.combine`` joins the three.
+        """
+        trainable, rest = self.split_trainable()
+        overwrites, rest = eqx.partition(rest, overwrite_mask(rest))
+        return trainable, overwrites, rest
 
 
 def init_state(

@@ -27,6 +27,7 @@ class AttentionCall:
         segment_ids: whether segment ids (packed sequences) separate the keys.
         explicit_mask: whether the mask is an explicit boolean NamedArray rather than an ``AttentionMask``.
         soft_cap: whether the logits are soft-capped (``cap * tanh(logits / cap)``).
+        sinks: whether the softmax has per-head sink logits (gpt-oss; see ``_sinks.softmax_with_sinks``).
 
     Example:
         >>> AttentionCall("gpu", "bfloat16", seq_len=2048, head_size=64).soft_cap
@@ -41,6 +42,7 @@ class AttentionCall:
     segment_ids: bool = False
     explicit_mask: bool = False
     soft_cap: bool = False
+    sinks: bool = False
 
     @staticmethod
     def of(
@@ -52,6 +54,8 @@ class AttentionCall:
         mask: AttentionMask | NamedArray | None,
         logit_soft_cap: float | None,
         platform: str | None = None,
+        *,
+        sinks: bool = False,
     ) -> AttentionCall:
         """The facts of an :func:`~ponente.models.attention.attention` call with these arguments.
 
@@ -64,6 +68,7 @@ class AttentionCall:
             mask: the mask.
             logit_soft_cap: the soft cap, or None.
             platform: the JAX platform (None: ``jax.default_backend()``, where the traced computation runs).
+            sinks: whether the call has attention sinks.
 
         Returns:
             The call's description.
@@ -78,4 +83,5 @@ class AttentionCall:
             segment_ids=structured is not None and structured.segment_ids is not None,
             explicit_mask=isinstance(mask, NamedArray),
             soft_cap=logit_soft_cap is not None,
+            sinks=sinks,
         )

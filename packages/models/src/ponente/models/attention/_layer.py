@@ -42,6 +42,7 @@ def attention(
     backend: str = "auto",
     block_size: int = 128,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """Attention over the shared position axis ``Pos``, computed by the chosen backend.
 
@@ -66,6 +67,8 @@ def attention(
         block_size: the tile size over positions of ``"flash"`` (and of ``"pallas"`` on GPU).
         logit_soft_cap: caps the scaled logits with ``cap * tanh(logits / cap)`` before masking (Gemma 2);
             None: no cap.
+        sinks: per-head sink logits over the query's head axes, added to the softmax's denominator (gpt-oss; only
+            ``"reference"`` computes them, and ``"auto"`` picks it); None: none.
 
     Returns:
         The attended values with the query's axes.
@@ -83,7 +86,7 @@ def attention(
         >>> bool(hax.all(hax.abs(ref - fla) < 1e-5).scalar())
         True
     """
-    call = AttentionCall.of(Pos, HeadSize, query, key, value, mask, logit_soft_cap)
+    call = AttentionCall.of(Pos, HeadSize, query, key, value, mask, logit_soft_cap, sinks=sinks is not None)
     query, key, value = tag((query, key, value), "attn_qkv")
     out = resolve_backend(backend, call).fn(
         Pos,
@@ -95,6 +98,7 @@ def attention(
         scaling_factor=scaling_factor,
         block_size=block_size,
         logit_soft_cap=logit_soft_cap,
+        sinks=sinks,
     )
     return tag(out, "attn_context")
 
@@ -262,6 +266,7 @@ def decode_attention(
     logit_soft_cap: float | None = None,
     backend: str = "auto",
     block_size: int = 128,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """The attention of a layer's ``decode``: queries over the cache (already updated with their keys and values).
 
@@ -282,6 +287,7 @@ def decode_attention(
         logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` (Gemma 2).
         backend: the attention backend of a prefill (the layer's forward backend, see :func:`attention`).
         block_size: the ``flash`` tile size of a prefill.
+        sinks: per-head sink logits over the query's head axes (see :func:`attention`), or None.
 
     Returns:
         The attended values with the query's axes.
@@ -298,6 +304,7 @@ def decode_attention(
             window=window,
             scaling_factor=scaling_factor,
             logit_soft_cap=logit_soft_cap,
+            sinks=sinks,
         )
     Pos = query.resolve_axis("position")
     if Pos.size > cache.max_len:
@@ -318,5 +325,6 @@ def decode_attention(
         backend=backend,
         block_size=block_size,
         logit_soft_cap=logit_soft_cap,
+        sinks=sinks,
     )
     return out.astype(values.dtype).rearrange(query.axes)

@@ -5,18 +5,19 @@ contract of :func:`~ponente.models.attention.attention`) and a ``supports`` chec
 facts of a call (:class:`~ponente.models.attention.backends.AttentionCall`: device, dtype, shapes, mask features),
 whether the backend computes it, or why not.
 
-=============  ==========  =======  =====  ========  ========  ========  =========================================
-backend        runs on     causal   GQA    window    segments  soft cap  notes
-=============  ==========  =======  =====  ========  ========  ========  =========================================
-``reference``  anywhere    yes      yes    yes       yes       yes       materializes the scores; explicit masks
-``flash``      anywhere    yes      yes    yes       yes       yes       pure-JAX blockwise, O(seq * block) memory
-``xla``        anywhere    yes      yes    yes       yes       no        ``jax.nn.dot_product_attention``
-``cudnn``      NVIDIA GPU  yes      yes    yes       yes [1]   no        bf16/fp16, head size % 8, <= 128
-``pallas``     GPU, TPU    yes      yes    TPU only  yes       TPU only  Triton (GPU), splash (TPU) kernels
-=============  ==========  =======  =====  ========  ========  ========  =========================================
+=============  ==========  =======  =====  ========  ========  ========  =====  ====================================
+backend        runs on     causal   GQA    window    segments  soft cap  sinks  notes
+=============  ==========  =======  =====  ========  ========  ========  =====  ====================================
+``reference``  anywhere    yes      yes    yes       yes       yes       yes    materializes the scores; explicit masks
+``flash``      anywhere    yes      yes    yes       yes       yes       no     pure-JAX blockwise, O(seq * block)
+``xla``        anywhere    yes      yes    yes       yes       no        no     ``jax.nn.dot_product_attention``
+``cudnn``      NVIDIA GPU  yes      yes    yes       yes [1]   no        no     bf16/fp16, head size % 8, <= 128
+``pallas``     GPU, TPU    yes      yes    TPU only  yes       TPU only  no     Triton (GPU), splash (TPU) kernels
+=============  ==========  =======  =====  ========  ========  ========  =====  ====================================
 
 [1] as an additive ``(batch, 1, position, key_position)`` bias. Only ``reference`` and ``xla`` take an explicit
-boolean mask.
+boolean mask. Attention sinks (a per-head logit in the softmax's denominator, gpt-oss) are computed by ``reference``
+alone; the others refuse a call with sinks, so ``auto`` picks ``reference`` for it.
 
 ``"auto"`` (:func:`auto_backend`) is decided statically, never by trying: it walks the device's preference list
 (:data:`AUTO_PREFERENCE`, or :data:`SHORT_SEQ_PREFERENCE`'s below its length) and takes the first backend that
@@ -52,6 +53,7 @@ __all__ = [
     "AttentionFn",
     "auto_backend",
     "check_backend_name",
+    "check_sinks_backend",
     "check_soft_cap_backend",
     "resolve_backend",
 ]
@@ -72,6 +74,7 @@ class AttentionFn(Protocol):
         scaling_factor: float | None = None,
         block_size: int = 128,
         logit_soft_cap: float | None = None,
+        sinks: NamedArray | None = None,
     ) -> NamedArray: ...
 
 
@@ -83,11 +86,19 @@ class AttentionBackend:
         fn: computes attention.
         supports: None if the backend computes the call, else a phrase saying what it does not support.
         soft_cap: whether it can soft-cap logits on some device (lets configs reject a hopeless choice early).
+        sinks: whether it computes attention sinks (checked for every backend before ``supports``).
     """
 
     fn: AttentionFn
     supports: Callable[[AttentionCall], str | None]
     soft_cap: bool = False
+    sinks: bool = False
+
+    def refuses(self, call: AttentionCall) -> str | None:
+        """None if the backend computes ``call``, else a phrase saying what it does not support."""
+        if call.sinks and not self.sinks:
+            return "attention sinks (only 'reference' computes them)"
+        return self.supports(call)
 
 
 def _flash_supports(call: AttentionCall) -> str | None:
@@ -97,7 +108,7 @@ def _flash_supports(call: AttentionCall) -> str | None:
 
 
 BACKENDS: dict[str, AttentionBackend] = {
-    "reference": AttentionBackend(reference_attention, lambda call: None, soft_cap=True),
+    "reference": AttentionBackend(reference_attention, lambda call: None, soft_cap=True, sinks=True),
     "flash": AttentionBackend(flash_attention, _flash_supports, soft_cap=True),
     "xla": AttentionBackend(xla_attention, xla_supports),
     "cudnn": AttentionBackend(cudnn_attention, cudnn_supports),
@@ -167,7 +178,7 @@ def auto_backend(call: AttentionCall) -> str:
     for name in preference:
         if name == "flash" and call.seq_len < min_flash:
             continue
-        if BACKENDS[name].supports(call) is None:
+        if BACKENDS[name].refuses(call) is None:
             return name
     return "reference"
 
@@ -194,6 +205,18 @@ def check_soft_cap_backend(name: str, where: str) -> None:
         raise ValueError(f"{where}: the {name!r} attention backend has no logit soft-capping; use one of {able}")
 
 
+def check_sinks_backend(name: str, where: str) -> None:
+    """Raise early if the backend ``name`` cannot compute attention sinks (``"auto"`` always picks one that can).
+
+    Raises:
+        ValueError: naming ``where`` and the backends that can.
+    """
+    check_backend_name(name, where)
+    if name != "auto" and not BACKENDS[name].sinks:
+        able = ["auto", *(n for n, b in BACKENDS.items() if b.sinks)]
+        raise ValueError(f"{where}: the {name!r} attention backend has no attention sinks; use one of {able}")
+
+
 def resolve_backend(name: str, call: AttentionCall) -> AttentionBackend:
     """The backend that computes ``call`` when ``name`` is asked for (``"auto"``: :func:`auto_backend`).
 
@@ -211,7 +234,7 @@ def resolve_backend(name: str, call: AttentionCall) -> AttentionBackend:
     check_backend_name(name, "attention")
     chosen = auto_backend(call) if name == "auto" else name
     backend = BACKENDS[chosen]
-    reason = backend.supports(call)
+    reason = backend.refuses(call)
     if reason is not None:
         raise ValueError(
             f"attention backend {chosen!r} does not support {reason}; backend='auto' would use "

@@ -258,6 +258,7 @@ def flash_attention(
     block_size: int = 128,
     dtype: Any = None,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """Blockwise attention with the contract of :func:`~ponente.models.dot_product_attention`.
 
@@ -283,13 +284,14 @@ def flash_attention(
         dtype: the dtype of scores, softmax statistics and accumulators (None: at least float32).
         logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` before masking (Gemma 2); the
             gradients go through the cap. None: no cap.
+        sinks: must be None (this backend has no attention sinks; ``reference`` has).
 
     Returns:
         The attended values: the query's axes (with the value's feature axes in place of ``HeadSize``),
         in the dtype of ``query`` and ``value`` combined.
 
     Raises:
-        ValueError: for an explicit NamedArray mask, a block size or sliding window below 1, a soft cap that is
+        ValueError: for sinks, an explicit NamedArray mask, a block size or sliding window below 1, a soft cap that is
             not positive, or axes that do not line up (the message names the axis).
 
     Example:
@@ -308,6 +310,8 @@ def flash_attention(
             "explicit NamedArray mask; pass an AttentionMask (causal, sliding_window, segment_ids) or use "
             "backend='reference'"
         )
+    if sinks is not None:
+        raise ValueError("flash_attention: the 'flash' attention backend has no attention sinks; use 'reference'")
     if block_size < 1:
         raise ValueError(f"flash_attention: block_size must be >= 1, got {block_size}")
     if mask is not None and mask.sliding_window is not None and mask.sliding_window < 1:

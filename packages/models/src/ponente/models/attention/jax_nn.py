@@ -43,11 +43,14 @@ def _jax_attention(
     scaling_factor: float | None = None,
     block_size: int = 128,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     del block_size  # the kernels pick their own tiles
     where = f"attention backend {implementation!r}"
     if logit_soft_cap is not None:
         raise ValueError(f"{where}: jax.nn.dot_product_attention has no logit soft-capping; use 'reference'")
+    if sinks is not None:
+        raise ValueError(f"{where}: jax.nn.dot_product_attention has no attention sinks; use 'reference'")
     layout = PositionalLayout.of(where, Pos, HeadSize, query, key, value)
     is_causal, window, explicit = False, None, None
     if isinstance(mask, AttentionMask):
@@ -76,10 +79,10 @@ def _jax_attention(
 
 
 xla_attention = functools.partial(_jax_attention, "xla")
-"""The ``"xla"`` backend (same arguments as :func:`~ponente.models.attention.attention`, no soft cap)."""
+"""The ``"xla"`` backend (same arguments as :func:`~ponente.models.attention.attention`, no soft cap, no sinks)."""
 
 cudnn_attention = functools.partial(_jax_attention, "cudnn")
-"""The ``"cudnn"`` backend (same arguments as :func:`~ponente.models.attention.attention`, no soft cap)."""
+"""The ``"cudnn"`` backend (same arguments as :func:`~ponente.models.attention.attention`, no soft cap, no sinks)."""
 
 
 def xla_supports(call: AttentionCall) -> str | None:

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 
+from ._sinks import softmax_with_sinks
+
 __all__ = ["CACHE_POSITION", "KvCache", "cached_attention", "take_positions"]
 
 CACHE_POSITION = "cache_position"
@@ -252,6 +254,7 @@ def cached_attention(
     window: int | None = None,
     scaling_factor: float | None = None,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """Attention of queries at positions ``pos_ids`` over the cached keys and values (already updated with theirs).
 
@@ -271,6 +274,8 @@ def cached_attention(
         window: how many keys (the query's own included) each query sees; None: all earlier ones.
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
         logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` before masking (Gemma 2).
+        sinks: per-head sink logits over the query's head axes, added to the softmax's denominator (gpt-oss), or
+            None.
 
     Returns:
         The attended values with the query's axes.
@@ -294,5 +299,5 @@ def cached_attention(
         scores = logit_soft_cap * hax.tanh(scores / logit_soft_cap)
     scores = hax.where(cache.attention_mask(pos_ids, window), scores, jnp.finfo(jnp.float32).min)
     values = cache.layer_values
-    weights = hax.nn.softmax(scores, axis=CachePos.name).astype(values.dtype)
+    weights = softmax_with_sinks(scores, CachePos.name, sinks).astype(values.dtype)
     return hax.dot(weights, values, axis=CachePos.name).rearrange(query.axes)

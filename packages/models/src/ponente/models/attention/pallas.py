@@ -64,6 +64,7 @@ def pallas_attention(
     scaling_factor: float | None = None,
     block_size: int = 128,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
     platform: str | None = None,
     interpret: bool = False,
 ) -> NamedArray:
@@ -79,6 +80,7 @@ def pallas_attention(
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
         block_size: the query/key tile of the GPU kernel (clipped to what divides the sequence; TPU: 128).
         logit_soft_cap: caps the scaled logits with ``cap * tanh(logits / cap)`` (TPU only).
+        sinks: must be None (the kernels have no attention sinks).
         platform: ``"gpu"`` or ``"tpu"`` (None: ``jax.default_backend()``).
         interpret: run the kernel in Pallas's interpreter (any device, slow).
 
@@ -89,8 +91,10 @@ def pallas_attention(
         ValueError: naming the device or the feature the kernel lacks (see :func:`pallas_supports`).
     """
     platform = jax.default_backend() if platform is None else platform
-    call = AttentionCall.of(Pos, HeadSize, query, key, value, mask, logit_soft_cap, platform=platform)
-    reason = pallas_supports(call)
+    call = AttentionCall.of(
+        Pos, HeadSize, query, key, value, mask, logit_soft_cap, platform=platform, sinks=sinks is not None
+    )
+    reason = "attention sinks" if call.sinks else pallas_supports(call)
     if reason is not None:
         raise ValueError(f"attention backend 'pallas' does not support {reason}")
     where = "attention backend 'pallas'"

@@ -1,7 +1,8 @@
 """The reference attention backend: scores materialized over ``(position, key_position)``, then a softmax.
 
 It is the readable definition every other backend is tested against, and the one that supports everything:
-any :class:`~ponente.models.AttentionMask`, explicit boolean masks, and logit soft-capping (Gemma 2).
+any :class:`~ponente.models.AttentionMask`, explicit boolean masks, logit soft-capping (Gemma 2) and attention sinks
+(gpt-oss).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import attention as hattn
 
 from ._mask import AttentionMask
+from ._sinks import softmax_with_sinks
 
 __all__ = ["KEY_POSITION", "dot_product_attention", "reference_attention", "soft_capped_attention"]
 
@@ -71,12 +73,14 @@ def soft_capped_attention(
     mask: AttentionMask | NamedArray | None,
     *,
     scaling_factor: float | None,
-    soft_cap: float,
+    soft_cap: float | None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
-    """Reference attention whose scaled logits are soft-capped (``cap * tanh(logits / cap)``) before masking.
+    """Reference attention whose scaled logits are soft-capped (``cap * tanh(logits / cap)``) before masking, and
+    whose softmax may have sinks.
 
     Same contract as :func:`dot_product_attention`; the softmax runs in float32 and masked logits take
-    float32's most negative value (as transformers' eager Gemma 2 attention).
+    float32's most negative value (as transformers' eager Gemma 2 and gpt-oss attention).
 
     Args:
         Pos: the position axis of query, key and value.
@@ -86,7 +90,9 @@ def soft_capped_attention(
         value: like ``key``.
         mask: an :class:`AttentionMask`, an explicit boolean mask over ``(Pos, key_position)``, or None.
         scaling_factor: multiplies the logits before the cap (None: ``1/sqrt(HeadSize.size)``).
-        soft_cap: the cap (positive).
+        soft_cap: the cap (positive), or None: no cap.
+        sinks: per-head sink logits over the query's head axes (see
+            :func:`~ponente.models.attention._sinks.softmax_with_sinks`), or None.
 
     Returns:
         The attended values with the query's axes (the value's dtype).
@@ -97,10 +103,11 @@ def soft_capped_attention(
     explicit = mask.materialize(Pos, KPos) if isinstance(mask, AttentionMask) else mask
     scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
     logits = hax.dot(query, key, axis=HeadSize.name).astype(jnp.float32) * scale
-    logits = soft_cap * hax.tanh(logits / soft_cap)
+    if soft_cap is not None:
+        logits = soft_cap * hax.tanh(logits / soft_cap)
     if explicit is not None:
         logits = hax.where(explicit, logits, jnp.finfo(jnp.float32).min)
-    weights = hax.nn.softmax(logits, axis=KPos.name).astype(value.dtype)
+    weights = softmax_with_sinks(logits, KPos.name, sinks).astype(value.dtype)
     return hax.dot(weights, value, axis=KPos.name).rearrange(query.axes)
 
 
@@ -115,14 +122,16 @@ def reference_attention(
     scaling_factor: float | None = None,
     block_size: int = 128,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
-    """The ``"reference"`` backend: :func:`dot_product_attention`, or :func:`soft_capped_attention` with a cap.
+    """The ``"reference"`` backend: :func:`dot_product_attention`, or :func:`soft_capped_attention` with a cap or
+    sinks.
 
     ``block_size`` is accepted for the common backend signature and ignored.
     """
     del block_size
-    if logit_soft_cap is None:
+    if logit_soft_cap is None and sinks is None:
         return dot_product_attention(Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor)
     return soft_capped_attention(
-        Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor, soft_cap=logit_soft_cap
+        Pos, HeadSize, query, key, value, mask, scaling_factor=scaling_factor, soft_cap=logit_soft_cap, sinks=sinks
     )

@@ -121,8 +121,60 @@ class Engine:
             if self.axis_mapping is not None and "batch" in self.axis_mapping:
                 self._batch_shards = hax.partitioning.physical_axis_size("batch", self.axis_mapping, mesh=mesh) or 1
         self.model = model
+        self._stored_mapping = None if mesh is None else dict(parameter_axis_mapping or self.axis_mapping or {})
         self.steps_per_call = steps_per_call
         self.vocab_size = _real_vocab_size(model, tokenizer, vocab_size)
+        self.weights_version = 0
+        """How many times :meth:`update_weights` replaced the weights (0: the weights the engine was built with)."""
+
+    def update_weights(self, model: Any) -> None:
+        """Replace the weights of this engine by ``model``'s, without compiling anything again.
+
+        ``model`` must have the engine model's structure (configuration and parameter names), shapes and
+        dtypes; its arrays are placed like the current ones (same devices and shardings), so the compiled prefill
+        and decode programs are reused. A batch already running finishes on the weights it started with; the
+        next batch uses the new ones. Safe to call from another thread than the one generating.
+
+        Args:
+            model: the new model (e.g. the trainer's current model, or one loaded from a folder).
+
+        Raises:
+            ValueError: naming the first difference (a parameter, its shape or dtype, or the structure); the
+                engine keeps its weights.
+        """
+        import equinox as eqx
+
+        old_leaves, old_def = jax.tree_util.tree_flatten_with_path(eqx.filter(self.model, eqx.is_array))
+        new_leaves, new_def = jax.tree_util.tree_flatten_with_path(eqx.filter(model, eqx.is_array))
+        old_by_name = {jax.tree_util.keystr(p): a for p, a in old_leaves}
+        new_by_name = {jax.tree_util.keystr(p): a for p, a in new_leaves}
+        problem = None
+        for name, old in old_by_name.items():
+            new = new_by_name.get(name)
+            if new is None:
+                problem = f"{name} is missing from the new model"
+            elif tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
+                problem = (
+                    f"{name} is {new.dtype}{list(new.shape)} in the new model but {old.dtype}{list(old.shape)} here"
+                )
+            if problem:
+                break
+        if problem is None and len(new_by_name) != len(old_by_name):
+            problem = f"{sorted(set(new_by_name) - set(old_by_name))[0]} is not a parameter of the engine's model"
+        if problem is None and old_def != new_def:
+            problem = "the two models' configurations differ"
+        if problem is not None:
+            raise ValueError(f"update_weights: {problem}")
+        if self.mesh is not None:
+            model = hax.shard(model, self._stored_mapping or {}, self.mesh)
+        else:
+            placed = [
+                jax.device_put(new, old.sharding) for (_, old), (_, new) in zip(old_leaves, new_leaves, strict=True)
+            ]
+            arrays = jax.tree_util.tree_unflatten(new_def, placed)
+            model = eqx.combine(arrays, eqx.filter(model, eqx.is_array, inverse=True))
+        self.model = model  # one reference swap: a running batch holds the old model
+        self.weights_version += 1
 
     @classmethod
     def data_parallel(cls, model: Any, tokenizer: Any = None, **kwargs: Any) -> Engine:
@@ -256,9 +308,10 @@ class Engine:
                     on_token(indices[r], token, delta, logprob)
 
         longest = max(budgets)
+        model = self.model  # the whole batch runs on these weights, even if update_weights swaps them meanwhile
         with self._on_mesh():
             cache, last_tokens, first_logprobs = _PREFILL(
-                self.model,
+                model,
                 hax.named(jnp.asarray(tokens), (Batch, Pos)),
                 hax.named(jnp.asarray(positions), (Batch, Pos)),
                 jnp.asarray(padded_lengths - 1),
@@ -275,7 +328,7 @@ class Engine:
                 if produced < longest:  # dispatch the next call before reading the previous one's tokens
                     n_steps = min(self.steps_per_call, 1 << (longest - produced - 1).bit_length())
                     cache, last_tokens, chunk_tokens, chunk_logprobs = _DECODE_STEPS(
-                        self.model,
+                        model,
                         cache,
                         last_tokens,
                         jnp.asarray(padded_lengths + produced - 1),

@@ -54,6 +54,9 @@ class ServeConfig:
         max_tokens: the largest ``max_tokens`` a request may ask for.
         default_max_tokens: ``max_tokens`` of requests that set none (capped by the context left).
         max_pending: requests waiting for a batch, at most (429 beyond).
+        max_tokenizations: requests tokenized at the same time, at most (the others wait).
+        max_connections: open connections at most (uvicorn answers 503 beyond).
+        docs: serve the OpenAPI pages (``/docs``, ``/redoc``, ``/openapi.json``); off by default.
         log_level: uvicorn's log level.
     """
 
@@ -73,12 +76,22 @@ class ServeConfig:
     max_tokens: int = 1024
     default_max_tokens: int = 64
     max_pending: int = 256
+    max_tokenizations: int = 4
+    max_connections: int = 512
+    docs: bool = False
     log_level: str = "info"
 
     def __post_init__(self) -> None:
         if (self.checkpoint_path is None) == (self.hf_checkpoint is None):
             raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
-        for name in ("max_batch_size", "max_tokens", "default_max_tokens", "max_pending"):
+        for name in (
+            "max_batch_size",
+            "max_tokens",
+            "default_max_tokens",
+            "max_pending",
+            "max_tokenizations",
+            "max_connections",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
@@ -125,6 +138,8 @@ def build_app(config: ServeConfig) -> Any:
         max_tokens=config.max_tokens,
         default_max_tokens=config.default_max_tokens,
         max_pending=config.max_pending,
+        max_tokenizations=config.max_tokenizations,
+        docs=config.docs,
         api_key=config.api_key if config.api_key is not None else os.environ.get(API_KEY_ENV) or None,
     )
 
@@ -134,7 +149,7 @@ def _serve(config: ServeConfig) -> None:
 
     app = build_app(config)
     logger.info("serving %r on http://%s:%d/v1", app.state.limits.model_name, config.host, config.port)
-    serve(app, host=config.host, port=config.port, log_level=config.log_level)
+    serve(app, host=config.host, port=config.port, log_level=config.log_level, max_connections=config.max_connections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -97,6 +97,7 @@ FIXED_ON_RESUME = (
     "trainer.replica_dcn_axis_size",
     "trainer.tensor_parallel_axes",
     "trainer.mp",
+    "trainer.quantization",
     "num_devices",
 )
 """Dotted keys (and key prefixes) that must not change when a run resumes, or the continuation is no longer

@@ -89,7 +89,7 @@ class Run:
 
         from ponente.trainer.callbacks import as_hook
         from ponente.trainer.tracker import init_trackers
-        from ponente.trainer.trainer import Trainer
+        from ponente.trainer.trainer import Trainer, plain_model
 
         task, startup = self.task, self.startup
         tcfg = config.trainer
@@ -131,7 +131,7 @@ class Run:
             if tcfg.initialize_from is None:
                 pretrained = task.pretrained_model(trainer.mp)
                 if pretrained is not None:
-                    state = replace_model(state, pretrained, what=task.pretrained_key)
+                    state = replace_model(state, trainer.prepare_model(pretrained), what=task.pretrained_key)
                     startup.mark("hugging face weights")
             state, resumed_from = restore(state, tcfg, checkpointer, record.provenance)
             startup.mark("checkpoint restore")
@@ -145,6 +145,8 @@ class Run:
             startup.mark("waiting for the background work")
 
         context = RunContext(trainer, tracker, record, validation, task)
+        # exports (and the final sample) have plain products: quantization is how the run trains, not the model
+        exported = plain_model if tcfg.quantization is not None else _same
         evaluator = task.evaluator(context)
         losses: list[float] = []
 
@@ -155,7 +157,7 @@ class Run:
                 checkpointer.on_step(info.state, info.step)
                 every = task.export_every
                 if every and info.step % every == 0 and info.step < tcfg.num_train_steps:
-                    task.export(info.state.model, f"step-{info.step}")  # the last step's export is the final one
+                    task.export(exported(info.state.model), f"step-{info.step}")  # the last step's is the final one
 
         trainer.hooks.append(as_hook(on_step))
         trainer.hooks.extend(task.hooks(context))
@@ -185,8 +187,8 @@ class Run:
 
         sample = None
         if stopped is None:
-            outputs.update(task.export(state.model, None))
-            sample = task.finish(state, context)
+            outputs.update(task.export(exported(state.model), None))
+            sample = task.finish(_with_model(state, exported(state.model)), context)
         final_loss = losses[-1] if losses else None
         finish_trackers(tracker, steps=steps, final_loss=final_loss, eval_loss=evaluator.last)
         return TrainResult(
@@ -219,3 +221,13 @@ def _parameter_counts(state: Any) -> dict[str, float]:
         "trainable_parameter_count": trainable,
         "fraction_trainable": trainable / max(total, 1),
     }
+
+
+def _same(model: Any) -> Any:
+    return model
+
+
+def _with_model(state: Any, model: Any) -> Any:
+    import equinox as eqx
+
+    return eqx.tree_at(lambda s: s.model, state, model)

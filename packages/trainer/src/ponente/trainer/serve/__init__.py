@@ -30,15 +30,16 @@ FastAPI and uvicorn are imported only when an app is built or served; without th
 naming ``pip install 'ponente-trainer[serve]'``.
 """
 
-from ._app import MAX_BODY_BYTES, create_app, require_serve_extra
+from ._app import MAX_BODY_BYTES, body_limit, create_app, longest_token_chars, require_serve_extra
 from ._build import app_for_model, stop_token_ids, tokenizer_folder
 from ._chat import ChatTemplate
 from ._protocol import ApiError, GenerationRequest, ServerLimits, error_body, parse_request
 from ._scheduler import BatchScheduler, Job, QueueFullError
-from ._server import ServerThread, free_port, serve
+from ._server import MAX_CONNECTIONS, ServerThread, free_port, serve
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_CONNECTIONS",
     "ApiError",
     "BatchScheduler",
     "ChatTemplate",
@@ -48,9 +49,11 @@ __all__ = [
     "ServerLimits",
     "ServerThread",
     "app_for_model",
+    "body_limit",
     "create_app",
     "error_body",
     "free_port",
+    "longest_token_chars",
     "parse_request",
     "require_serve_extra",
     "serve",

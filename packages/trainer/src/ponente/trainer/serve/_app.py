@@ -3,8 +3,22 @@
 Each request is checked (:func:`parse_request`), tokenized (chat: rendered with the chat template first),
 checked against the context length, then queued as a :class:`Job`; the handler awaits its completions (or
 streams its tokens as server-sent events) while the scheduler batches it with the other requests. Everything a
-client can get wrong is a 4xx OpenAI-style JSON error; a failure inside generation is a 500 for the requests of
-that batch only.
+client can get wrong is a 4xx OpenAI-style JSON error; a failure inside generation is a 500 for the request that
+caused it only.
+
+What one client cannot do to the others:
+
+- send a body larger than the context can hold (413, refused while it is read, never read whole: the limit is
+  derived from the context length, see :func:`body_limit`);
+- make the server tokenize a text that cannot fit: a text longer than ``max_seq_len`` times the longest token of the
+  vocabulary (x2 for normalizers that merge characters) is refused before tokenization;
+- occupy every thread with tokenization: at most ``max_tokenizations`` prompts are tokenized at once, the others wait;
+- send something other than JSON (415), or JSON strings that are not valid Unicode (lone surrogates: 400).
+
+``/docs`` and ``/openapi.json`` exist only when asked for (``docs=True``); ``/health`` answers 503 when the
+scheduler's thread has died. ``POST /v1/update_weights`` (``{"path": ...}``: a Hugging Face folder or a Ponente
+checkpoint) swaps the engine's weights in place (:meth:`~ponente.trainer.inference.Engine.update_weights`: nothing is
+compiled again); a folder of another shape is a 400 naming the difference, and the old weights stay.
 """
 
 import asyncio
@@ -24,12 +38,32 @@ from ._scheduler import BatchScheduler, Job, QueueFullError
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "require_serve_extra"]
+__all__ = ["MAX_BODY_BYTES", "body_limit", "create_app", "longest_token_chars", "require_serve_extra"]
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-"""Larger request bodies are refused (400) without being read whole."""
+"""Request bodies are never larger than this (413), whatever the context length."""
+
+_TEXT_MARGIN = 2
+"""Text limit = context x longest token x this: room for normalizers that merge characters (NFKC)."""
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The length of the longest token of ``tokenizer``'s vocabulary (added tokens included), at least 1: no token
+    covers more characters of (normalized) text, so a text longer than ``max_seq_len`` times this cannot fit."""
+    return max((len(t) for t in tokenizer.get_vocab(with_added_tokens=True)), default=1) or 1
+
+
+def body_limit(max_seq_len: int, max_prompts: int, token_chars: int) -> int:
+    """The largest request body a server of this context can need, capped by :data:`MAX_BODY_BYTES`.
+
+    Per prompt: its longest possible text, each character escaped as JSON can write it (6 bytes, ``\\uXXXX``), or
+    its token ids (up to 64 bytes each, which also covers a chat message's JSON per token of context); plus 64 KiB
+    for the other fields.
+    """
+    per_prompt = max_seq_len * (token_chars * _TEXT_MARGIN * 6 + 64)
+    return min(MAX_BODY_BYTES, 64 * 1024 + max_prompts * per_prompt)
 
 
 def require_serve_extra() -> None:
@@ -59,6 +93,9 @@ class _Served:
     stop_token_ids: tuple[int, ...]
     api_key: str | None
     vocab_size: int
+    max_text_chars: int
+    body_limit: int
+    tokenizing: asyncio.Semaphore
 
     @functools.cached_property
     def token_text(self) -> Any:
@@ -75,6 +112,8 @@ def create_app(
     stop_token_ids: Sequence[int] = (),
     api_key: str | None = None,
     max_pending: int = 256,
+    max_tokenizations: int = 4,
+    docs: bool = False,
 ) -> "FastAPI":
     """An OpenAI-compatible FastAPI app serving ``engine``.
 
@@ -90,6 +129,8 @@ def create_app(
         stop_token_ids: tokens that end every completion (e.g. the end-of-sequence token).
         api_key: if set, requests need ``Authorization: Bearer <api_key>`` (401 otherwise).
         max_pending: requests waiting for a batch, at most (429 beyond).
+        max_tokenizations: requests tokenized at the same time, at most (the others wait their turn).
+        docs: serve the OpenAPI schema and its pages (``/docs``, ``/redoc``, ``/openapi.json``).
 
     Returns:
         The app, to run with uvicorn (see :func:`ponente.trainer.serve.serve` and :class:`ServerThread`).
@@ -109,6 +150,9 @@ def create_app(
     limits = limits or ServerLimits()
     batch = int(getattr(engine, "max_batch_size", limits.max_prompts))
     limits = dataclasses.replace(limits, max_prompts=min(limits.max_prompts, batch))
+    if max_tokenizations < 1:
+        raise ValueError(f"max_tokenizations: must be >= 1, got {max_tokenizations}")
+    token_chars = longest_token_chars(tokenizer)
     served = _Served(
         engine=engine,
         tokenizer=tokenizer,
@@ -118,6 +162,9 @@ def create_app(
         stop_token_ids=tuple(int(t) for t in stop_token_ids),
         api_key=api_key,
         vocab_size=min(int(tokenizer.get_vocab_size(with_added_tokens=True)), int(engine.Vocab.size)),
+        max_text_chars=limits.max_seq_len * token_chars * _TEXT_MARGIN,
+        body_limit=body_limit(limits.max_seq_len, limits.max_prompts, token_chars),
+        tokenizing=asyncio.Semaphore(max_tokenizations),
     )
 
     @asynccontextmanager
@@ -128,7 +175,8 @@ def create_app(
         finally:
             served.scheduler.stop(timeout=30)
 
-    app = FastAPI(title="ponente-serve", lifespan=lifespan)
+    hidden: dict[str, Any] = {} if docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="ponente-serve", lifespan=lifespan, **hidden)
     app.state.scheduler = served.scheduler
     app.state.limits = limits
 
@@ -161,23 +209,51 @@ def create_app(
             )
 
     async def read_json(request: Request) -> Any:
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise ApiError(415, f"Content-Type: expected application/json, got {media_type or 'none'!r}")
+        limit = served.body_limit
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, _too_large(int(declared), limit, served.limits.max_seq_len))
         chunks, size = [], 0
         try:
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise ApiError(400, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                if size > limit:
+                    raise ApiError(413, _too_large(size, limit, served.limits.max_seq_len))
                 chunks.append(chunk)
         except ClientDisconnect as exc:
             raise ApiError(400, "the client disconnected while sending the request") from exc
         try:
-            return json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks))
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; too deep: RecursionError
             raise ApiError(400, f"the request body is not valid JSON: {type(exc).__name__}: {exc}") from exc
+        _check_unicode(body)
+        return body
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "pending": served.scheduler.pending}
+    async def health() -> Response:
+        scheduler = served.scheduler
+        if not scheduler.alive:
+            error = scheduler.error
+            reason = "stopped" if error is None else f"died: {type(error).__name__}: {error}"
+            return JSONResponse({"status": "error", "scheduler": reason, "pending": scheduler.pending}, 503)
+        return JSONResponse({"status": "ok", "pending": scheduler.pending})
+
+    updating = asyncio.Lock()
+
+    @app.post("/v1/update_weights")
+    async def update_weights(request: Request) -> Response:
+        authorize(request)
+        body = await read_json(request)
+        path = body.get("path") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not path:
+            raise ApiError(400, "path: expected a Hugging Face folder or a Ponente checkpoint path", param="path")
+        async with updating:
+            version = await run_in_threadpool(_update_weights, served, path)
+        logger.info("weights replaced by %s (version %d)", path, version)
+        return JSONResponse({"status": "ok", "path": path, "weights_version": version})
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -188,7 +264,9 @@ def create_app(
     async def generate(request: Request, endpoint: Endpoint) -> Response:
         authorize(request)
         req = parse_request(await read_json(request), endpoint, limits)
-        prompts = await run_in_threadpool(_tokenize, served, req)
+        _check_text_length(served, req)
+        async with served.tokenizing:
+            prompts = await run_in_threadpool(_tokenize, served, req)
         max_tokens = _max_tokens(served.limits, req, prompts)
         config = _generation_config(served, req, max_tokens)
         if req.stream:
@@ -209,6 +287,71 @@ def create_app(
         return await generate(request, "chat")
 
     return app
+
+
+def _update_weights(served: _Served, path: str) -> int:
+    """Load ``path`` and swap it into the engine (old weights kept on any error); the new weights version."""
+    from ponente.trainer.inference import load_model
+
+    engine = served.engine
+    try:
+        model, _ = load_model(path, vocab_size=getattr(engine.model, "vocab_size", None))
+    except FileNotFoundError as exc:
+        raise ApiError(400, f"path: {exc}", param="path") from exc
+    except (ValueError, KeyError) as exc:
+        raise ApiError(400, f"path: {path} cannot be loaded: {exc}", param="path") from exc
+    try:
+        engine.update_weights(model)
+    except ValueError as exc:
+        raise ApiError(400, f"path: {path}: {exc}; the server keeps its weights", param="path") from exc
+    return int(engine.weights_version)
+
+
+def _too_large(size: int, limit: int, max_seq_len: int) -> str:
+    return (
+        f"the request body ({size} bytes) is larger than any request to this model's context of {max_seq_len} "
+        f"tokens can be ({limit} bytes)"
+    )
+
+
+def _check_unicode(body: Any) -> None:
+    """Refuse strings that cannot be encoded as UTF-8 (JSON's ``\\ud800`` escapes decode to lone surrogates)."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                param = where.partition(".")[0].partition("[")[0] or None
+                raise ApiError(
+                    400,
+                    f"{where or 'the body'}: not valid Unicode (a lone surrogate {value[exc.start]!r} at character "
+                    f"{exc.start})",
+                    param=param,
+                ) from None
+        elif isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+            stack.extend((f"{where}.<key>", k) for k in value)
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _check_text_length(served: _Served, req: GenerationRequest) -> None:
+    """Refuse text that cannot fit the context before it is tokenized (tokenizing it could take seconds)."""
+    if req.endpoint == "chat":
+        texts = [("messages", sum(len(m["content"]) for m in req.messages))]
+    else:
+        texts = [("prompt", len(p)) for p in req.prompts if isinstance(p, str)]
+    for param, chars in texts:
+        if chars > served.max_text_chars:
+            raise ApiError(
+                400,
+                f"{param}: {chars} characters cannot fit this model's context of {served.limits.max_seq_len} tokens "
+                f"(at most {served.max_text_chars} characters could)",
+                param=param,
+                code="context_length_exceeded",
+            )
 
 
 def _tokenize(served: _Served, req: GenerationRequest) -> list[list[int]]:

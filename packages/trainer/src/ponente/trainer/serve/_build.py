@@ -31,6 +31,8 @@ def app_for_model(
     default_max_tokens: int = 64,
     max_pending: int = 256,
     api_key: str | None = None,
+    max_tokenizations: int = 4,
+    docs: bool = False,
 ) -> Any:
     """The app serving ``model``: its :class:`~ponente.trainer.inference.Engine`, stop ids, chat template, limits.
 
@@ -49,6 +51,8 @@ def app_for_model(
         default_max_tokens: ``max_tokens`` of requests that set none.
         max_pending: requests waiting for a batch, at most.
         api_key: require ``Authorization: Bearer <api_key>`` (None: no key).
+        max_tokenizations: requests tokenized at the same time, at most.
+        docs: serve ``/docs``, ``/redoc`` and ``/openapi.json``.
 
     Returns:
         The FastAPI app (:func:`create_app`).
@@ -78,6 +82,8 @@ def app_for_model(
         stop_token_ids=stops,
         api_key=api_key,
         max_pending=max_pending,
+        max_tokenizations=max_tokenizations,
+        docs=docs,
     )
 
 

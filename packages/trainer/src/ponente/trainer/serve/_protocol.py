@@ -48,7 +48,8 @@ class ApiError(Exception):
     """A request the server answers with an OpenAI-style JSON error instead of a completion.
 
     Args:
-        status: the HTTP status (400 bad request, 401 no/wrong key, 404 unknown model, 429 busy, 500).
+        status: the HTTP status (400 bad request, 401 no/wrong key, 404 unknown model, 413 body too large,
+            415 not JSON, 429 busy, 500, 503 not running).
         message: one line for the client, naming the parameter.
         param: the request parameter at fault, if any.
         code: a machine-readable code (e.g. ``context_length_exceeded``), if any.
@@ -69,7 +70,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
-        kind = self._TYPES.get(self.status, "rate_limit_error" if self.status == 429 else "server_error")
+        default = "invalid_request_error" if 400 <= self.status < 500 else "server_error"
+        kind = self._TYPES.get(self.status, "rate_limit_error" if self.status == 429 else default)
         return error_body(self.message, kind, param=self.param, code=self.code)
 
 

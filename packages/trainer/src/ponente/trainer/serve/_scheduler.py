@@ -4,8 +4,10 @@ Requests wait in a queue. Whenever the engine is free, the scheduler takes the w
 arrival, up to the engine's batch size, and runs them as one ``Engine.generate`` call, each prompt with its own
 request's ``GenerationConfig`` (the engine samples each row from its own seed, so a request's completion does not
 depend on what it is batched with); requests arriving meanwhile wait for the next batch. A request whose client
-went away is dropped before its batch starts, and its tokens are discarded if it is already running. An engine
-failure fails the requests of that batch only; the thread carries on.
+went away is dropped before its batch starts, and its tokens are discarded if it is already running. When a batch of
+several requests fails, each of its requests that has not streamed a token yet runs again alone, so one bad request
+fails only itself; the thread carries on. If the thread itself dies, :attr:`BatchScheduler.error` says why (the
+server's ``/health`` reports it) and new requests are refused.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class BatchScheduler:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        """What killed the scheduler's thread, if it died (None while it runs or after a clean stop)."""
 
     def start(self) -> BatchScheduler:
         """Start the background thread; returns ``self``."""
@@ -104,6 +108,11 @@ class BatchScheduler:
             self._thread = None
 
     @property
+    def alive(self) -> bool:
+        """Whether the background thread is running (False before :meth:`start`, after :meth:`stop`, or if it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def pending(self) -> int:
         """Jobs waiting for a batch."""
         return len(self._pending)
@@ -119,14 +128,27 @@ class BatchScheduler:
         if not 1 <= len(job.prompts) <= self.max_batch_size:
             raise ValueError(f"prompts: between 1 and {self.max_batch_size} per request, got {len(job.prompts)}")
         with self._cond:
-            if self._stopping or self._thread is None:
-                raise RuntimeError("the scheduler is not running")
+            if self._stopping or not self.alive:
+                cause = "" if self.error is None else f" (it failed: {type(self.error).__name__}: {self.error})"
+                raise RuntimeError(f"the scheduler is not running{cause}")
             if len(self._pending) >= self.max_pending:
                 raise QueueFullError(f"{len(self._pending)} requests are already waiting; try again later")
             self._pending.append(job)
             self._cond.notify()
 
     def _loop(self) -> None:
+        try:
+            self._serve_jobs()
+        except BaseException as exc:
+            logger.exception("the batching scheduler died; the server cannot generate any more")
+            with self._cond:
+                self.error = exc
+                waiting = list(self._pending)
+                self._pending.clear()
+            for job in waiting:
+                _call(job.on_done, RuntimeError(f"the scheduler failed: {type(exc).__name__}: {exc}"))
+
+    def _serve_jobs(self) -> None:
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
@@ -159,10 +181,12 @@ class BatchScheduler:
         rows = [(job, i) for job in batch for i in range(len(job.prompts))]
         prompts = [list(job.prompts[i]) for job, i in rows]
         configs = [job.config for job, _ in rows]
+        streamed: set[int] = set()  # jobs that got tokens: they cannot run again without repeating them
 
         def on_token(row: int, token: int, delta: str, logprob: float | None) -> None:
             job, i = rows[row]
             if job.on_token is not None and not job.cancelled.is_set():
+                streamed.add(id(job))
                 try:
                     job.on_token(i, token, delta, logprob)
                 except Exception:  # a broken consumer must not stop the batch
@@ -178,8 +202,15 @@ class BatchScheduler:
                 completions = self.engine.generate(prompts, configs)
         except Exception as exc:
             logger.exception("generation failed for a batch of %d prompts", len(prompts))
+            if len(batch) == 1:
+                _call(batch[0].on_done, exc)
+                return
+            # one request may be the cause: the others run again, each alone, so that it fails only itself
             for job in batch:
-                _call(job.on_done, exc)
+                if id(job) in streamed or job.cancelled.is_set():
+                    _call(job.on_done, exc)
+                else:
+                    self._run([job])
             return
         start = 0
         for job in batch:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ._app import require_serve_extra
 
-__all__ = ["ServerThread", "free_port", "serve"]
+__all__ = ["MAX_CONNECTIONS", "ServerThread", "free_port", "serve"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -20,7 +20,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+MAX_CONNECTIONS = 512
+"""Open connections (and requests in progress) at most, by default; uvicorn answers 503 beyond."""
+
+
+def serve(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    max_connections: int = MAX_CONNECTIONS,
+) -> None:
     """Serve ``app`` with uvicorn until interrupted (Ctrl-C or SIGTERM).
 
     Args:
@@ -28,6 +39,7 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str
         host: the address to listen on (``0.0.0.0``: every interface).
         port: the TCP port.
         log_level: uvicorn's log level.
+        max_connections: concurrent connections at most (uvicorn's ``limit_concurrency``: 503 beyond).
 
     Raises:
         ImportError: if the ``serve`` extra is not installed.
@@ -35,7 +47,14 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str
     require_serve_extra()
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=30,
+        limit_concurrency=max_connections,
+    )
 
 
 class ServerThread:
@@ -47,6 +66,7 @@ class ServerThread:
         port: the TCP port (None: a free one).
         log_level: uvicorn's log level.
         startup_timeout_s: how long :meth:`start` waits for the server to accept connections.
+        max_connections: concurrent connections at most (503 beyond).
 
     Example:
         ```python
@@ -64,6 +84,7 @@ class ServerThread:
         port: int | None = None,
         log_level: str = "warning",
         startup_timeout_s: float = 60.0,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         require_serve_extra()
         import uvicorn
@@ -71,7 +92,14 @@ class ServerThread:
         self.host = host
         self.port = free_port(host) if port is None else port
         self.startup_timeout_s = startup_timeout_s
-        config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level, timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=self.port,
+            log_level=log_level,
+            timeout_graceful_shutdown=5,
+            limit_concurrency=max_connections,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="ponente-serve-uvicorn", daemon=True)
 

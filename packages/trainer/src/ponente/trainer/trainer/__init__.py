@@ -14,11 +14,23 @@ One concept per module, each importing only those below it:
 - ``_mesh``: the ``(replica, data, expert, model)`` device mesh and the compiler settings.
 - ``_batch``: a batch's static layout, size checks, token counts and microbatches (:func:`default_loss_weight`).
 - ``_config``: :class:`TrainerConfig`.
+- ``_quantization``: its ``quantization`` section (:class:`QuantizationConfig`, FP8/int8 products) and
+  :func:`plain_model`, the unquantized model to export.
 """
 
 from ._batch import default_loss_weight
 from ._config import TrainerConfig
 from ._loop import LossFn, NonFiniteLossError, Trainer
+from ._quantization import QuantizationConfig, plain_model
 from ._signals import stop_on_signals
 
-__all__ = ["LossFn", "NonFiniteLossError", "Trainer", "TrainerConfig", "default_loss_weight", "stop_on_signals"]
+__all__ = [
+    "LossFn",
+    "NonFiniteLossError",
+    "QuantizationConfig",
+    "Trainer",
+    "TrainerConfig",
+    "default_loss_weight",
+    "plain_model",
+    "stop_on_signals",
+]

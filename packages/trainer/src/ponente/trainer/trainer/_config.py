@@ -8,6 +8,7 @@ from typing import Any, Literal
 from ..checkpoint import CheckpointerConfig
 from ..distributed import DistributedConfig, RayConfig
 from ..tracker import JsonTrackerConfig, TrackerConfig, WandbConfig
+from ._quantization import QuantizationConfig
 
 DEFAULT_CACHE_DIR = "~/.cache/ponente/jax"
 """The default ``TrainerConfig.compilation_cache_dir``."""
@@ -75,6 +76,8 @@ class TrainerConfig:
             checkpoint or run directory); the step, optimizer state and data position start at zero.
         allow_config_change: resume even though a field that must stay fixed for bitwise resumption
             (data, tokenizer, seq_len, batch size, mesh, seed) differs from the checkpoint's config.
+        quantization: run the model's matrix products in FP8 or int8 (``{fp8: true}`` or ``{int8: true}``, see
+            :class:`QuantizationConfig`); None: in the compute dtype of ``mp``.
         profiler: trace steps with the JAX profiler into ``<run_dir>/profile`` and log a summary of where the time
             went (see :mod:`ponente.trainer.profiler`).
         profiler_start_step: the steps run before the trace starts (compilation and warm-up).
@@ -118,6 +121,7 @@ class TrainerConfig:
     load_checkpoint_path: str | None = None
     initialize_from: str | None = None
     allow_config_change: bool = False
+    quantization: QuantizationConfig | None = None
     profiler: bool = False
     profiler_start_step: int = 5
     profiler_num_steps: int = 100

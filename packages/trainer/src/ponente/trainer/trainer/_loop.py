@@ -28,6 +28,7 @@ from ..state import FilterTree, TrainerState, init_state
 from ._batch import BatchLayout, check_batch, default_loss_weight, is_named, tokens_in
 from ._config import TrainerConfig
 from ._mesh import build_mesh, enable_compilation_cache, init_compiler_options
+from ._quantization import quantize_model
 from ._signals import stop_on_signals
 from ._step import TrainStep
 
@@ -343,8 +344,21 @@ class Trainer:
         if root.ndim == 0 and jnp.issubdtype(root.dtype, jnp.integer):  # a seed, not a (typed) key
             root = jax.random.PRNGKey(root)
         model_key, training_key = jax.random.split(root)
-        model = self.mp.cast_to_param(model_init(model_key))
+        model = self.prepare_model(model_init(model_key))
         return init_state(model, self.optimizer, training_key, is_trainable=is_trainable.value)
+
+    def prepare_model(self, model: Any) -> Any:
+        """A model as this trainer's state holds it: in the parameter dtype of ``mp``, its products quantized as
+        ``trainer.quantization`` says (fresh FP8 state). Use it for weights that replace the initial state's model
+        (e.g. pretrained ones); :func:`ponente.trainer.trainer.plain_model` undoes the quantization for export.
+
+        Raises:
+            ValueError: if ``trainer.quantization.targets`` selects no layer of the model.
+        """
+        model = self.mp.cast_to_param(model)
+        if self.config.quantization is not None:
+            model = quantize_model(model, self.config.quantization)
+        return model
 
     def compile_step(self, state: TrainerState, batch: Any) -> jax.stages.Compiled:
         """Compile the training step for a state and batches like these, without running it.

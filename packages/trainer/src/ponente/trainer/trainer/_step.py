@@ -16,7 +16,7 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import NamedArray
 from ponente.namedtensor.partitioning import ResourceMapping
 
-from ..state import TrainerState
+from ..state import TrainerState, overwrite_mask
 from ._batch import BatchLayout, split_microbatches
 
 
@@ -63,6 +63,16 @@ def _keep_if_finite(finite: jax.Array, new: TrainerState, old: TrainerState) -> 
     """
     kept: TrainerState = jax.tree_util.tree_map(lambda a, b: _select(finite, a, b), new, old)
     return kept
+
+
+def _used_states(new: Any, old: Any) -> Any:
+    """The new FP8 states, except where a layer took no part in the differentiated loss.
+
+    The "gradient" of an overwritten state is its new value only when the layer's product was differentiated; a layer
+    that was not (unused, or used under ``stop_gradient`` like a frozen DPO reference) gets a zero cotangent. A new
+    state of all zeros is never a real one (scales are > 0), so there the old state is kept.
+    """
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(jnp.any(n != 0), n, o), new, old)
 
 
 class TrainStep:
@@ -119,23 +129,27 @@ class TrainStep:
         self.after_update = after_update
 
     def _loss_and_grad(
-        self, trainable: Any, rest: Any, batch: Any, key: jax.Array, *, cast: bool = True
-    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-        """The loss, its extra metrics and the gradient wrt ``trainable``; ``cast=False``: the parameters are already
-        in the compute dtype (the gradient is then in it too)."""
+        self, params: tuple[Any, Any], rest: Any, batch: Any, key: jax.Array, *, cast: bool = True
+    ) -> tuple[jax.Array, dict[str, jax.Array], tuple[Any, Any]]:
+        """The loss, its extra metrics and the gradient wrt ``params`` = ``(trainable, overwrites)``: the second
+        half's "gradient" is the new value of those states (FP8 scales, see ``TrainerState.split_overwrites``).
+        ``cast=False``: the parameters are already in the compute dtype (the gradient is then in it too); the
+        overwritten states are never cast."""
 
-        def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            model = eqx.combine(params, rest)
+        def loss_of(params: tuple[Any, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+            trainable, overwrites = params
+            model = eqx.combine(trainable, rest)
             if cast:
                 model = self.mp.cast_to_compute(model)
+            model = eqx.combine(model, overwrites)
             return _loss_and_metrics(self.loss_fn(model, batch, key=key))
 
-        (loss, extra), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+        (loss, extra), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
         return loss, extra, grads
 
     def _accumulate(
-        self, trainable: Any, rest: Any, batch: Any, key: jax.Array
-    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        self, params: tuple[Any, Any], rest: Any, batch: Any, key: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array], tuple[Any, Any]]:
         n = self.num_microbatches
         stacked, unstack = split_microbatches(batch, self.batch_axis, n)
         scanned = [s for s in stacked if s is not None]
@@ -143,34 +157,40 @@ class TrainStep:
         # the model is cast to the compute dtype once for all microbatches, not in each: the gradient wrt the cast
         # parameters, converted to the parameter dtype, is the same number as the gradient wrt the parameters (the
         # derivative of a cast is the cast back), and the conversion is added into the float32 sum below
-        compute_trainable = self.mp.cast_to_compute(trainable)
+        trainable, overwrites = params
+        compute_params = (self.mp.cast_to_compute(trainable), overwrites)
         compute_rest = self.mp.cast_to_compute(rest)
 
         def micro_grads(index: jax.Array, slices: Any) -> tuple[Any, ...]:
             it = iter(slices)
             micro = hax.auto_sharded(unstack([next(it) if w else None for w in where]))
             loss, extra, grads = self._loss_and_grad(
-                compute_trainable, compute_rest, micro, jax.random.fold_in(key, index), cast=False
+                compute_params, compute_rest, micro, jax.random.fold_in(key, index), cast=False
             )
             return loss, extra, grads, jnp.asarray(self.loss_weight_fn(micro), jnp.float32)
 
         def body(carry: Any, xs: Any) -> Any:
-            grad_sum, loss_sum, extra_sum, weight_sum = carry
-            loss, extra, grads, weight = micro_grads(*xs)
+            (grad_sum, new_states), loss_sum, extra_sum, weight_sum = carry
+            loss, extra, (grads, states), weight = micro_grads(*xs)
             grad_sum = jax.tree_util.tree_map(lambda acc, g: acc + weight * g.astype(acc.dtype), grad_sum, grads)
+            # every microbatch starts from the same FP8 state, so the new scales agree and the newest amax of the
+            # batch is the largest of the microbatches' (all these values are >= 0)
+            new_states = jax.tree_util.tree_map(jnp.maximum, new_states, states)
             extra_sum = {k: extra_sum[k] + weight * v for k, v in extra.items()}
-            return (grad_sum, loss_sum + weight * loss, extra_sum, weight_sum + weight), None
+            return ((grad_sum, new_states), loss_sum + weight * loss, extra_sum, weight_sum + weight), None
 
         # the extra metrics' names are only known from tracing the loss once
         extra_shapes = jax.eval_shape(micro_grads, jnp.zeros((), jnp.int32), [s[0] for s in scanned])[1]
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, trainable)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         scalar_zero = jnp.zeros((), jnp.float32)
         extra_zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), extra_shapes)
         init = (zeros, scalar_zero, extra_zeros, scalar_zero)
-        (grad_sum, loss_sum, extra_sum, weight_sum), _ = jax.lax.scan(body, init, (jnp.arange(n), scanned))
+        ((grad_sum, new_states), loss_sum, extra_sum, weight_sum), _ = jax.lax.scan(
+            body, init, (jnp.arange(n), scanned)
+        )
         total = jnp.maximum(weight_sum, jnp.finfo(jnp.float32).tiny)
         grads = jax.tree_util.tree_map(lambda g: (g / total).astype(g.dtype), grad_sum)
-        return loss_sum / total, {k: v / total for k, v in extra_sum.items()}, grads
+        return loss_sum / total, {k: v / total for k, v in extra_sum.items()}, (grads, new_states)
 
     def train(
         self, state: TrainerState, arrays: list[Any], layout: BatchLayout
@@ -180,20 +200,20 @@ class TrainStep:
         batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
         next_key, step_key = jax.random.split(state.training_key)
         loss_key, opt_key = jax.random.split(step_key)
-        trainable, rest = state.split_trainable()
+        trainable, overwrites, rest = state.split_overwrites()
         if self.num_microbatches == 1:
-            loss, extra, grads = self._loss_and_grad(trainable, rest, batch, loss_key)
+            loss, extra, (grads, new_states) = self._loss_and_grad((trainable, overwrites), rest, batch, loss_key)
         else:
-            loss, extra, grads = self._accumulate(trainable, rest, batch, loss_key)
+            loss, extra, (grads, new_states) = self._accumulate((trainable, overwrites), rest, batch, loss_key)
 
         def obj_fn(params: Any) -> jax.Array:
-            model = self.mp.cast_to_compute(eqx.combine(params, rest))
+            model = eqx.combine(self.mp.cast_to_compute(eqx.combine(params, rest)), overwrites)
             return _loss_and_metrics(self.loss_fn(model, batch, key=loss_key))[0]
 
         updates, opt_state = self.optimizer.update(
             grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
         )
-        model = eqx.combine(eqx.apply_updates(trainable, updates), rest)
+        model = eqx.combine(eqx.apply_updates(trainable, updates), _used_states(new_states, overwrites), rest)
         if self.after_update is not None:
             model = self.after_update(model, extra)
         new_state = dataclasses.replace(
@@ -230,6 +250,9 @@ class TrainStep:
         """The loss of ``model`` on one batch and the loss function's own metrics, each times the batch's weight
         (``{"loss": ..., name: ...}``), and the weight."""
         batch = hax.shard(layout.restore(arrays), self.compute_axis_mapping)
-        loss, extra = _loss_and_metrics(self.loss_fn(self.mp.cast_to_compute(model), batch, key=None))
+        states, rest = eqx.partition(model, overwrite_mask(model))
+        loss, extra = _loss_and_metrics(
+            self.loss_fn(eqx.combine(self.mp.cast_to_compute(rest), states), batch, key=None)
+        )
         weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
         return {name: value * weight for name, value in {**_scalars(extra), "loss": loss}.items()}, weight
