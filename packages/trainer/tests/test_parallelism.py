@@ -97,6 +97,7 @@ def test_layout_trains_like_one_device_and_stores_parameters_by_the_mapping(name
     assert trainer.mesh.shape == {
         "replica": layout.get("replica_axis_size", 1),
         "data": 8 // layout.get("model_axis_size", 1) // layout.get("replica_axis_size", 1),
+        "expert": 1,
         "model": layout.get("model_axis_size", 1),
     }
     adam_state = named_leaves(state.opt_state)
@@ -182,13 +183,13 @@ def test_hybrid_mesh_puts_each_slice_on_contiguous_replica_rows(replica, model):
     grid = hybrid_device_grid(config, devices)
 
     data = len(devices) // (dcn * replica * model)
-    assert grid.shape == (dcn * replica, data, model)
+    assert grid.shape == (dcn * replica, data, 1, model)  # the expert axis has size 1
     for k in range(dcn):
         in_slice = [d for d in devices if d.slice_index == k]  # in their list order within the slice
         block = grid[k * replica : (k + 1) * replica]
         assert {d.slice_index for d in block.flat} == {k}
         np.testing.assert_array_equal(
-            np.vectorize(lambda d: d.id)(block), np.array([d.id for d in in_slice]).reshape(replica, data, model)
+            np.vectorize(lambda d: d.id)(block), np.array([d.id for d in in_slice]).reshape(replica, data, 1, model)
         )
 
 
@@ -205,7 +206,7 @@ def test_hybrid_mesh_groups_processes_when_devices_have_no_slices():
     devices = [ProcessDevice(id=i, process_index=i // 4) for i in range(8)]
     grid = hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=2, model_axis_size=2), devices)
     # process 0's devices form replica row 0, process 1's row 1
-    assert np.vectorize(lambda d: d.id)(grid).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert np.vectorize(lambda d: d.id)(grid)[:, :, 0].tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     with pytest.raises(ValueError, match="replica_dcn_axis_size=4"):
         hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=4, model_axis_size=2), devices)
 

@@ -27,7 +27,7 @@ from .gemma3 import Gemma3Config
 from .gpt2 import Gpt2Config, Gpt2LMHeadModel
 from .gpt_oss import GptOssConfig, GptOssLMHeadModel
 from .llama import LlamaConfig, LlamaLMHeadModel
-from .lm import LmExample, LmHeadModel
+from .lm import LmExample, LmHeadModel, is_aux_loss
 from .lora import LoraConfig, LoraLinear
 from .loss import (
     blockwise_cross_entropy_loss,
@@ -37,7 +37,7 @@ from .loss import (
 )
 from .mistral import MistralConfig, MistralLMHeadModel
 from .mixtral import MixtralConfig, MixtralLMHeadModel
-from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k
+from .moe import MOE_DISPATCHES, MoeMlp, RouterOutput, load_balancing_loss, route_top_k, router_metrics
 from .olmo2 import Olmo2Config, Olmo2LMHeadModel
 from .qwen import QwenConfig, QwenLMHeadModel
 from .qwen3 import Qwen3Config, Qwen3LMHeadModel
@@ -94,6 +94,7 @@ __all__ = [
     "config_for_type",
     "dot_product_attention",
     "fused_cross_entropy_loss",
+    "is_aux_loss",
     "lm_flops_per_token",
     "load_balancing_loss",
     "mask_padded_vocab",
@@ -101,4 +102,5 @@ __all__ = [
     "register_config",
     "registered_types",
     "route_top_k",
+    "router_metrics",
 ]

@@ -48,11 +48,12 @@ from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions
 from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
-from .moe import MoeMlp, RouterOutput, load_balancing_loss
+from .moe import MoeMlp, RouterOutput, expert_load, router_metrics
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
 __all__ = [
+    "EXPERT_LOAD",
     "ROUTER_AUX_LOSS",
     "Activation",
     "DecoderBlock",
@@ -75,6 +76,10 @@ Activation = Literal["silu", "gelu", "gelu_tanh"]
 
 ROUTER_AUX_LOSS = "router_aux_loss"
 """The name of a mixture of experts' load-balancing term among the auxiliary losses."""
+
+EXPERT_LOAD = "router/expert_load"
+"""The auxiliary entry of the assignments per layer and expert, ``(layers, experts)``, present when the MoE layers have
+a balancing bias (``router_bias_update_rate > 0``): what :func:`~ponente.models.moe.update_balance_bias` reads."""
 
 
 def grouped_attention(config: Any, rotary: Any, *, key: jax.Array) -> Attention:
@@ -629,14 +634,23 @@ class DecoderLM(LmHeadModel[Any]):
 
         Returns:
             ``(hidden states after the final norm, {})``, or for a mixture of experts
-            ``{"router_aux_loss": weight * load-balancing loss}``.
+            ``{"router_aux_loss": weight * load-balancing loss}`` and the diagnostics of
+            :func:`~ponente.models.moe.router_metrics` over all layers, named ``router/<metric>`` (logged, not added
+            to the loss).
         """
         del key
         x, _, routing = self._run(input_ids, attn_mask, pos_ids)
         if routing is None:
             return x, {}
-        balance = load_balancing_loss(routing.probs, routing.indices, self.config.Experts)
-        return x, {ROUTER_AUX_LOSS: balance * self.config.router_aux_loss_coef}
+        metrics = router_metrics(routing, self.config.Experts)
+        aux = {ROUTER_AUX_LOSS: metrics["load_balancing_loss"] * self.config.router_aux_loss_coef}
+        aux.update({f"router/{name}": jax.lax.stop_gradient(value) for name, value in metrics.items()})
+        moe = self.transformer.layers.stacked.block_sparse_moe
+        if moe is not None and moe.balance_bias is not None:
+            # not a scalar: the trainer reads it to update the balancing bias (update_balance_bias), it is not logged
+            aux[EXPERT_LOAD] = jax.lax.stop_gradient(expert_load(routing, self.config.Experts))
+            aux["router/balance_bias_abs_mean"] = hax.mean(hax.abs(jax.lax.stop_gradient(moe.balance_bias)))
+        return x, aux
 
     def activations(
         self,

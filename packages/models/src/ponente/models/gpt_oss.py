@@ -85,7 +85,11 @@ class GptOssConfig(LlamaConfig):
         swiglu_alpha: the experts' sigmoid gain (``swiglu_alpha``).
         swiglu_limit: the experts' clamp (``swiglu_limit``).
         router_aux_loss_coef: the weight of the load-balancing loss added to the training objective.
-        moe_dispatch: ``"dense"`` or ``"sorted"`` (see :class:`~ponente.models.moe.MoeMlp`).
+        moe_dispatch: ``"auto"`` (default: ``"expert_parallel"`` when ``trainer.expert_axis_size`` > 1 splits the
+            experts, else ``"dense"``), ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (see
+            :class:`~ponente.models.moe.MoeMlp`).
+        moe_capacity_factor: ``"expert_parallel"`` only: None (dropless) or the per-destination buffer size relative
+            to an even split (see the Mixtral page).
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -116,14 +120,15 @@ class GptOssConfig(LlamaConfig):
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     router_aux_loss_coef: float = 0.001
-    moe_dispatch: str = "dense"
+    moe_dispatch: str = "auto"
+    moe_capacity_factor: float | None = None
 
     feed_forward_keys: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
+        check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch, self.moe_capacity_factor)
         check_sinks_backend(self.attn_backend, f"{name}: attn_backend")
         if self.qk_norm:
             raise ValueError(f"{name}: qk_norm=True is not supported (Hugging Face gpt-oss has no QK-norm)")
@@ -185,6 +190,7 @@ class GptOssConfig(LlamaConfig):
             self.num_experts_per_tok,
             key=keys[0],
             dispatch=self.moe_dispatch,
+            capacity_factor=self.moe_capacity_factor,
             bias=True,
             activation=ClampedSwiGlu(alpha=self.swiglu_alpha, limit=self.swiglu_limit),
             softmax_after_top_k=True,

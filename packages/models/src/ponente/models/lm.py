@@ -24,7 +24,19 @@ from ponente.namedtensor.state_dict import (
 
 from .attention import AttentionMask, KvCache
 
-__all__ = ["LmExample", "LmHeadModel"]
+__all__ = ["LmExample", "LmHeadModel", "is_aux_loss"]
+
+
+def is_aux_loss(name: str) -> bool:
+    """Whether the auxiliary entry ``name`` (see :meth:`LmHeadModel.logits_and_aux`) is a loss term, added to the
+    objective, rather than a diagnostic that is only logged: diagnostics are named ``<group>/<metric>``
+    (e.g. ``router/expert_load_max``), loss terms have no ``/`` (e.g. ``router_aux_loss``).
+
+    Example:
+        >>> is_aux_loss("router_aux_loss"), is_aux_loss("router/z_loss")
+        (True, False)
+    """
+    return "/" not in name
 
 
 M = TypeVar("M", bound="LmHeadModel[Any]")
@@ -198,7 +210,8 @@ class LmHeadModel(ModuleWithStateDictSerialization, Generic[ConfigT]):
         """Logits and the model's auxiliary losses, computed in the same forward pass.
 
         Auxiliary losses are named scalar terms, already weighted, that :func:`~ponente.models.compute_next_token_loss`
-        adds to the objective (e.g. a mixture of experts' ``router_aux_loss``). Models without any keep
+        adds to the objective (e.g. a mixture of experts' ``router_aux_loss``); entries named ``<group>/<metric>``
+        are diagnostics, logged but not added (see :func:`is_aux_loss`). Models without any keep
         this default, which returns ``(self(...), {})``.
 
         Args:

@@ -32,9 +32,17 @@ class MixtralConfig(LlamaConfig):
         num_experts_per_tok: experts each token is routed to (``k``).
         router_aux_loss_coef: the weight of the load-balancing loss added to the training objective.
         sliding_window: if set, each query attends to at most this many keys (itself included), as Mistral.
-        moe_dispatch: how tokens reach their experts (see :class:`~ponente.models.moe.MoeMlp`): ``"dense"``
-            (named ops, experts shardable over a mesh axis, ``num_experts / k`` times the expert FLOPs) or
-            ``"sorted"`` (grouped matrix products over the assignments sorted by expert, sparse FLOPs).
+        moe_dispatch: how tokens reach their experts (see :class:`~ponente.models.moe.MoeMlp`): ``"auto"`` (default:
+            ``"expert_parallel"`` when the ``experts`` axis is split over a mesh axis, e.g. ``trainer.expert_axis_size:
+            4``, else ``"dense"``), ``"dense"`` (named ops, ``num_experts / k`` times the expert FLOPs), ``"sorted"``
+            (grouped matrix products over the assignments sorted by expert, sparse FLOPs, one device) or
+            ``"expert_parallel"`` (tokens sent to the devices holding their experts by all-to-all).
+        moe_capacity_factor: ``"expert_parallel"`` only: None (default, dropless) or the size of each device's
+            per-destination buffer relative to an even split; assignments beyond it are dropped and logged
+            (``router/dropped_fraction``).
+        router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer gets a router bias, added
+            to the scores for the top-k choice only, that the trainer moves by ``rate * sign(mean load - load)`` after
+            every step (0: off, no bias).
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -57,11 +65,20 @@ class MixtralConfig(LlamaConfig):
     num_experts_per_tok: int = 2
     router_aux_loss_coef: float = 0.001
     sliding_window: int | None = None
-    moe_dispatch: str = "dense"
+    moe_dispatch: str = "auto"
+    moe_capacity_factor: float | None = None
+    router_bias_update_rate: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_moe_fields("MixtralConfig", self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
+        check_moe_fields(
+            "MixtralConfig",
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.moe_dispatch,
+            self.moe_capacity_factor,
+            self.router_bias_update_rate,
+        )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"MixtralConfig: sliding_window must be positive or None, got {self.sliding_window}")
         if self.qk_norm:
@@ -85,7 +102,14 @@ class MixtralConfig(LlamaConfig):
     def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp:
         """The mixture of experts of one block (state-dict key ``block_sparse_moe``)."""
         return MoeMlp.init(
-            self.Embed, self.Mlp, self.Experts, self.num_experts_per_tok, key=keys[0], dispatch=self.moe_dispatch
+            self.Embed,
+            self.Mlp,
+            self.Experts,
+            self.num_experts_per_tok,
+            key=keys[0],
+            dispatch=self.moe_dispatch,
+            capacity_factor=self.moe_capacity_factor,
+            balance_bias=self.router_bias_update_rate > 0,
         )
 
     def flops_per_token(self, vocab_size: int) -> float:

@@ -1,7 +1,9 @@
-"""A sparse mixture-of-experts MLP: top-k routing, capacity-free dispatch with named ops, load-balancing loss.
+"""A sparse mixture-of-experts MLP: top-k routing, dispatch of tokens to experts, load-balancing loss, router metrics.
 
 The experts are SwiGLU MLPs whose weights carry an ``experts`` axis, so sharding them over a mesh axis
-(expert parallelism) is one entry of an axis mapping, e.g. ``{"experts": "data"}``; no model code changes.
+(expert parallelism) is one entry of an axis mapping, e.g. ``{"experts": "expert"}``; no model code changes. The
+``"expert_parallel"`` dispatch (chosen by ``"auto"`` when ``experts`` is split) then sends each token to the devices
+holding its experts by all-to-all (:mod:`ponente.models._expert_parallel`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
+from ._expert_parallel import expert_axis, expert_parallel_dispatch, token_mapping
 from .config import lm_flops_per_token, padded_vocab_size
 from .remat import tag
 
@@ -26,15 +29,20 @@ __all__ = [
     "ClampedSwiGlu",
     "MoeMlp",
     "RouterOutput",
+    "balance_bias_frozen",
     "check_moe_fields",
+    "expert_load",
     "load_balancing_loss",
     "route_top_k",
     "route_top_k_softmax",
+    "router_metrics",
     "sparse_flops_per_token",
+    "update_balance_bias",
 ]
 
-MOE_DISPATCHES = ("dense", "sorted")
-"""The expert dispatch strategies of :class:`MoeMlp`."""
+MOE_DISPATCHES = ("auto", "dense", "sorted", "expert_parallel")
+"""The expert dispatch strategies of :class:`MoeMlp` (``"auto"``: ``"expert_parallel"`` when the ``experts`` axis is
+split over a mesh axis of size > 1, else ``"dense"``)."""
 
 TOP_K = "top_k"
 """The name of the axis of the ``k`` experts chosen per token."""
@@ -48,16 +56,27 @@ class RouterOutput(eqx.Module):
         weights: the combination weights of the chosen experts (renormalized to sum to 1 unless the layer says
             otherwise), ``(..., top_k)``.
         indices: the chosen experts (integer ids, best first), ``(..., top_k)``.
+        logsumexp: the log-sum-exp of the router logits (float32), ``(...)``, for the router z-loss; None if unknown.
+        dropped: which assignments the dispatch dropped for lack of capacity (bool), ``(..., top_k)``; None: none
+            can be dropped (every dispatch but ``"expert_parallel"`` with a ``capacity_factor``).
     """
 
     probs: NamedArray
     weights: NamedArray
     indices: NamedArray
+    logsumexp: NamedArray | None = None
+    dropped: NamedArray | None = None
 
 
-def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: bool = True) -> RouterOutput:
+def route_top_k(
+    router_logits: NamedArray, Experts: Axis, k: int, *, normalize: bool = True, bias: NamedArray | None = None
+) -> RouterOutput:
     """Top-k routing as Mixtral does it: softmax over experts, keep the ``k`` best, renormalize their weights
     (``normalize=False``: keep their probabilities, as Qwen3-MoE without ``norm_topk_prob``).
+
+    With ``bias`` (DeepSeek-V3's auxiliary-loss-free balancing), the ``k`` experts are those with the highest
+    ``probs + bias``, while their weights are still their (renormalized) probabilities: the bias steers the choice
+    only.
 
     The softmax is computed in float32 whatever the logits' dtype (as ``transformers`` does).
 
@@ -66,6 +85,7 @@ def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: 
         Experts: the experts axis.
         k: experts per token (``num_experts_per_tok``), between 1 and ``Experts.size``.
         normalize: renormalize the ``k`` chosen probabilities to sum to 1.
+        bias: ``(Experts,)`` added to the probabilities for the choice only (None: no bias).
 
     Returns:
         The probabilities, the chosen experts and their combination weights (axis ``top_k`` of size ``k``).
@@ -82,9 +102,15 @@ def route_top_k(router_logits: NamedArray, Experts: Axis, k: int, *, normalize: 
     """
     if not 1 <= k <= Experts.size:
         raise ValueError(f"route_top_k: k must be in 1..{Experts.size} (the size of axis {Experts.name!r}), got {k}")
-    probs = hax.nn.softmax(router_logits.astype(jnp.float32), Experts)
-    top, indices = hax.top_k(probs, Experts, k, new_axis=TOP_K)
-    return RouterOutput(probs=probs, weights=top / hax.sum(top, TOP_K) if normalize else top, indices=indices)
+    logits = router_logits.astype(jnp.float32)
+    probs = hax.nn.softmax(logits, Experts)
+    if bias is None:
+        top, indices = hax.top_k(probs, Experts, k, new_axis=TOP_K)
+    else:
+        _, indices = hax.top_k(probs + jax.lax.stop_gradient(bias.astype(jnp.float32)), Experts, k, new_axis=TOP_K)
+        top = hax.sum(hax.nn.one_hot(indices, Experts, dtype=jnp.float32) * probs, Experts)
+    weights = top / hax.sum(top, TOP_K) if normalize else top
+    return RouterOutput(probs=probs, weights=weights, indices=indices, logsumexp=hax.nn.logsumexp(logits, Experts))
 
 
 def route_top_k_softmax(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutput:
@@ -117,7 +143,12 @@ def route_top_k_softmax(router_logits: NamedArray, Experts: Axis, k: int) -> Rou
         )
     logits = router_logits.astype(jnp.float32)
     top, indices = hax.top_k(logits, Experts, k, new_axis=TOP_K)
-    return RouterOutput(probs=hax.nn.softmax(logits, Experts), weights=hax.nn.softmax(top, TOP_K), indices=indices)
+    return RouterOutput(
+        probs=hax.nn.softmax(logits, Experts),
+        weights=hax.nn.softmax(top, TOP_K),
+        indices=indices,
+        logsumexp=hax.nn.logsumexp(logits, Experts),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,14 +210,47 @@ def load_balancing_loss(probs: NamedArray, indices: NamedArray, Experts: Axis) -
     return hax.sum(f * p) * Experts.size
 
 
+def router_metrics(routing: RouterOutput, Experts: Axis) -> dict[str, NamedArray]:
+    """Diagnostics of a (stacked) routing decision, averaged over every axis but ``Experts`` (layers included).
+
+    Args:
+        routing: the routing of one layer or of a stack of layers.
+        Experts: the experts axis.
+
+    Returns:
+        Scalars (float32): ``load_balancing_loss`` (unweighted, see :func:`load_balancing_loss`), ``z_loss`` (mean
+        squared log-sum-exp of the router logits, ST-MoE's router z-loss, unweighted), ``expert_load_max`` (the
+        busiest expert's share of the assignments over the mean share, 1 when balanced; the worst layer when
+        stacked) and ``dropped_fraction`` (assignments dropped for lack of capacity).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> E = hax.Axis("experts", 2)
+        >>> r = route_top_k(hax.named(jnp.array([[1.0, 0.0], [2.0, 0.0]]), ("position", "experts")), E, 1)
+        >>> round(float(router_metrics(r, E)["expert_load_max"].scalar()), 3)
+        2.0
+    """
+    per_expert = expert_load(routing, Experts)  # (layers?, experts)
+    load = hax.max(per_expert, Experts) / hax.maximum(hax.mean(per_expert, Experts), 1e-9)
+    zero = hax.zeros(())
+    return {
+        "load_balancing_loss": load_balancing_loss(routing.probs, routing.indices, Experts),
+        "z_loss": zero if routing.logsumexp is None else hax.mean(hax.square(routing.logsumexp)),
+        "expert_load_max": hax.max(load),
+        "dropped_fraction": zero if routing.dropped is None else hax.mean(routing.dropped.astype(jnp.float32)),
+    }
+
+
 class MoeMlp(ModuleWithStateDictSerialization):
     """A sparse mixture of SwiGLU experts with top-k routing (Mixtral's ``block_sparse_moe``).
 
     Each token goes to the ``k`` experts its router scores highest; the output is the sum of their
-    outputs weighted by the renormalized router probabilities. Dispatch is *capacity-free* (no token
-    is ever dropped), by one of two strategies:
+    outputs weighted by the renormalized router probabilities. Dispatch is by one of these strategies (all but
+    ``"expert_parallel"`` with a ``capacity_factor`` are *capacity-free*: no token is ever dropped):
 
-    - ``"dense"`` (default), written with named ops: every expert computes every token, and the
+    - ``"auto"`` (default): ``"expert_parallel"`` when the ``experts`` axis maps to a mesh axis of size > 1 in the
+      current axis mapping (e.g. ``trainer.expert_axis_size: 4``), else ``"dense"``.
+    - ``"dense"``, written with named ops: every expert computes every token, and the
       combination weights (zero outside the top-k) are contracted over the ``experts`` axis, so the
       experts shard over any mesh axis the ``experts`` axis maps to. It costs ``num_experts / k`` times
       the expert FLOPs of a sparse dispatch: ``6 * E * embed * mlp`` per token instead of
@@ -195,6 +259,11 @@ class MoeMlp(ModuleWithStateDictSerialization):
       its own tokens (``jax.lax.ragged_dot``, grouped matrix products), and the weighted results are
       scattered back: ``6 * k * embed * mlp`` FLOPs per token. Meant for one device (or replicated
       experts); under an ``experts`` sharding the compiler may gather the expert weights.
+    - ``"expert_parallel"``: the experts stay where the ``experts`` mesh axis put them and the tokens travel: each
+      device sends its assignments to the devices holding their experts (``all_to_all``), runs its local experts
+      with grouped matrix products and sends the results back (:mod:`ponente.models._expert_parallel`). Sparse
+      FLOPs plus the padding of fixed-size buffers: dropless by default, or buffers of ``capacity_factor`` times an
+      even share (assignments beyond it are dropped and counted in :attr:`RouterOutput.dropped`).
 
     Attributes:
         router: ``Embed -> Experts``, with a bias or not (state-dict key ``gate``).
@@ -202,7 +271,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
         up_proj: ``(experts, mlp, embed)``, the experts' up projections (key ``experts.w3``).
         down_proj: ``(experts, embed, mlp)``, the experts' down projections (key ``experts.w2``).
         num_experts_per_tok: ``k`` (static).
-        dispatch: ``"dense"`` or ``"sorted"`` (static).
+        dispatch: ``"auto"``, ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (static).
         norm_topk_prob: renormalize the chosen experts' probabilities to sum to 1 (Mixtral; static).
         gate_bias: ``(experts, mlp)``, the gate projections' biases (key ``experts.b1``), or None (gpt-oss has them).
         up_bias: ``(experts, mlp)``, the up projections' biases (key ``experts.b3``), or None.
@@ -211,6 +280,10 @@ class MoeMlp(ModuleWithStateDictSerialization):
             :class:`ClampedSwiGlu` (gpt-oss) (static).
         softmax_after_top_k: route with :func:`route_top_k_softmax` (softmax over the ``k`` chosen logits, gpt-oss)
             instead of :func:`route_top_k` (static).
+        capacity_factor: ``"expert_parallel"`` only: None (dropless) or the per-destination buffer size relative to
+            an even split (static).
+        balance_bias: ``(experts,)`` bias added to the router probabilities for the top-k choice only (DeepSeek-V3's
+            auxiliary-loss-free balancing; not trained by gradient: the trainer updates it after each step), or None.
     """
 
     router: Linear
@@ -218,13 +291,15 @@ class MoeMlp(ModuleWithStateDictSerialization):
     up_proj: NamedArray
     down_proj: NamedArray
     num_experts_per_tok: int = eqx.field(static=True)
-    dispatch: str = eqx.field(static=True, default="dense")
+    dispatch: str = eqx.field(static=True, default="auto")
     norm_topk_prob: bool = eqx.field(static=True, default=True)
     gate_bias: NamedArray | None = None
     up_bias: NamedArray | None = None
     down_bias: NamedArray | None = None
     activation: ClampedSwiGlu | None = eqx.field(static=True, default=None)
     softmax_after_top_k: bool = eqx.field(static=True, default=False)
+    capacity_factor: float | None = eqx.field(static=True, default=None)
+    balance_bias: NamedArray | None = None
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {
@@ -245,11 +320,13 @@ class MoeMlp(ModuleWithStateDictSerialization):
         num_experts_per_tok: int,
         *,
         key: jax.Array,
-        dispatch: str = "dense",
+        dispatch: str = "auto",
         norm_topk_prob: bool = True,
         bias: bool = False,
         activation: ClampedSwiGlu | None = None,
         softmax_after_top_k: bool = False,
+        capacity_factor: float | None = None,
+        balance_bias: bool = False,
     ) -> MoeMlp:
         """Create a randomly initialized layer (normal weights scaled by ``1/sqrt(fan_in)``).
 
@@ -259,11 +336,13 @@ class MoeMlp(ModuleWithStateDictSerialization):
             Experts: the experts axis.
             num_experts_per_tok: ``k``, the experts per token.
             key: the PRNG key.
-            dispatch: ``"dense"`` or ``"sorted"`` (see the class docstring).
+            dispatch: ``"auto"``, ``"dense"``, ``"sorted"`` or ``"expert_parallel"`` (see the class docstring).
             norm_topk_prob: renormalize the chosen experts' probabilities (see :func:`route_top_k`).
             bias: give the router and the experts' projections biases (zeros).
             activation: the experts' activation (None: SwiGLU; see the class docstring).
             softmax_after_top_k: route with :func:`route_top_k_softmax` (see the class docstring).
+            capacity_factor: see the class docstring (None: dropless).
+            balance_bias: give the layer a zero :attr:`balance_bias`.
 
         Returns:
             The layer.
@@ -292,6 +371,8 @@ class MoeMlp(ModuleWithStateDictSerialization):
             down_bias=hax.zeros((Experts, Embed)) if bias else None,
             activation=activation,
             softmax_after_top_k=softmax_after_top_k,
+            capacity_factor=capacity_factor,
+            balance_bias=hax.zeros(Experts) if balance_bias else None,
         )
 
     @property
@@ -303,7 +384,13 @@ class MoeMlp(ModuleWithStateDictSerialization):
         """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`, :func:`route_top_k_softmax`)."""
         if self.softmax_after_top_k:
             return route_top_k_softmax(self.router(x), self.Experts, self.num_experts_per_tok)
-        return route_top_k(self.router(x), self.Experts, self.num_experts_per_tok, normalize=self.norm_topk_prob)
+        return route_top_k(
+            self.router(x),
+            self.Experts,
+            self.num_experts_per_tok,
+            normalize=self.norm_topk_prob,
+            bias=self.balance_bias,
+        )
 
     def __call__(self, x: NamedArray) -> tuple[NamedArray, RouterOutput]:
         """Apply the experts to ``x`` ``(..., embed)``.
@@ -314,9 +401,34 @@ class MoeMlp(ModuleWithStateDictSerialization):
         Returns:
             ``(output with x's axes, the routing decision)``; the latter feeds :func:`load_balancing_loss`.
         """
-        routing = self.route(x)
-        if self.dispatch == "sorted":
+        dispatch = self.dispatch
+        if dispatch == "auto":
+            dispatch = "expert_parallel" if expert_axis()[1] > 1 else "dense"
+        with token_mapping():
+            routing = self.route(x)
+            if dispatch == "dense":
+                return self._dense(x, routing), routing
+        if dispatch == "sorted":
             return tag(self._sorted(x, routing), "mlp_out"), routing
+        out, dropped = expert_parallel_dispatch(
+            x,
+            routing.indices,
+            routing.weights.astype(x.dtype),
+            self.gate_proj,
+            self.up_proj,
+            self.down_proj,
+            capacity_factor=self.capacity_factor,
+            activation=self.activation,
+            gate_bias=self.gate_bias,
+            up_bias=self.up_bias,
+            down_bias=self.down_bias,
+        )
+        if self.capacity_factor is not None:
+            routing = dataclasses.replace(routing, dropped=dropped)
+        return tag(out, "mlp_out"), routing
+
+    def _dense(self, x: NamedArray, routing: RouterOutput) -> NamedArray:
+        """The ``"dense"`` dispatch: every expert computes every token, combined by weights zero outside the top-k."""
         Experts = self.Experts
         # dense [tokens..., experts] combination weights, zero outside each token's top-k
         combine = hax.sum(
@@ -330,7 +442,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
         out = hax.dot(hidden * combine, self.down_proj, axis=(Experts.name, "mlp"))
         if self.down_bias is not None:
             out = out + hax.dot(combine, self.down_bias, axis=Experts.name)
-        return tag(out, "mlp_out"), routing
+        return tag(out, "mlp_out")
 
     def _activate(self, gate: jax.Array, up: jax.Array) -> jax.Array:
         """The experts' gated activation of ``gate`` and ``up`` (same shapes): SwiGLU, or ``self.activation``."""
@@ -366,15 +478,71 @@ class MoeMlp(ModuleWithStateDictSerialization):
         return NamedArray(out.reshape([ax.size for ax in token_axes] + [Embed.size]), (*token_axes, Embed))
 
 
-def check_moe_fields(name: str, num_experts: int, num_experts_per_tok: int, dispatch: str) -> None:
-    """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts`` or an
-    unknown ``moe_dispatch``."""
+def expert_load(routing: RouterOutput, Experts: Axis) -> NamedArray:
+    """The assignments each expert received, summed over the token axes (a ``layers`` axis is kept when stacked)."""
+    counts = _assignments(routing.indices, Experts)
+    return hax.sum(counts, axis=tuple(ax for ax in counts.axes if ax.name not in (Experts.name, "layers")))
+
+
+def _is_moe(x: Any) -> bool:
+    return isinstance(x, MoeMlp)
+
+
+def balance_bias_frozen(mask: Any) -> Any:
+    """A trainable mask (a pytree of bools shaped like a model) with every :attr:`MoeMlp.balance_bias` set False: the
+    bias is updated by :func:`update_balance_bias`, never by the optimizer."""
+    return jax.tree_util.tree_map(
+        lambda m: dataclasses.replace(m, balance_bias=False) if _is_moe(m) and m.balance_bias is not None else m,
+        mask,
+        is_leaf=_is_moe,
+    )
+
+
+def update_balance_bias(model: Any, load: NamedArray, rate: float) -> Any:
+    """DeepSeek-V3's auxiliary-loss-free balancing step: every :attr:`MoeMlp.balance_bias` of ``model`` moves by
+    ``rate * sign(mean load - load_e)`` (underloaded experts up, overloaded down).
+
+    Args:
+        model: a model whose MoE layers have a ``balance_bias`` (stacked layers: ``(layers, experts)``).
+        load: the assignments per expert of the step, with the bias's axes (see :func:`expert_load`).
+        rate: the update rate.
+
+    Returns:
+        The model with the new biases (in their dtype).
+    """
+
+    def update(m: Any) -> Any:
+        if not _is_moe(m) or m.balance_bias is None:
+            return m
+        Experts = m.Experts
+        step = rate * hax.sign(hax.mean(load, Experts) - load)
+        bias = m.balance_bias
+        return dataclasses.replace(m, balance_bias=(bias + step.rearrange(bias.axes)).astype(bias.dtype))
+
+    return jax.tree_util.tree_map(update, model, is_leaf=_is_moe)
+
+
+def check_moe_fields(
+    name: str,
+    num_experts: int,
+    num_experts_per_tok: int,
+    dispatch: str,
+    capacity_factor: float | None = None,
+    router_bias_update_rate: float = 0.0,
+) -> None:
+    """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts``, an
+    unknown ``moe_dispatch``, a ``moe_capacity_factor`` that is not positive or a negative
+    ``router_bias_update_rate``."""
     if not 1 <= num_experts_per_tok <= num_experts:
         raise ValueError(
             f"{name}: num_experts_per_tok must be in 1..num_experts ({num_experts}), got {num_experts_per_tok}"
         )
     if dispatch not in MOE_DISPATCHES:
         raise ValueError(f"{name}: moe_dispatch must be one of {MOE_DISPATCHES}, got {dispatch!r}")
+    if capacity_factor is not None and not capacity_factor > 0:
+        raise ValueError(f"{name}: moe_capacity_factor must be positive or None (dropless), got {capacity_factor}")
+    if not router_bias_update_rate >= 0:
+        raise ValueError(f"{name}: router_bias_update_rate must be >= 0 (0: off), got {router_bias_update_rate}")
 
 
 def sparse_flops_per_token(config: Any, vocab_size: int, expert_dim: int) -> float:

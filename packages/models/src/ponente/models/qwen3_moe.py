@@ -41,7 +41,17 @@ class Qwen3MoeConfig(Qwen3Config):
         decoder_sparse_step: a block is sparse when ``(layer + 1) % decoder_sparse_step == 0`` (only 1, every block,
             is supported: the layers are one scanned stack).
         mlp_only_layers: blocks with a dense MLP instead (only ``()`` is supported, as in every released checkpoint).
-        moe_dispatch: ``"dense"`` or ``"sorted"`` (see :class:`~ponente.models.moe.MoeMlp`).
+        moe_dispatch: how tokens reach their experts (see :class:`~ponente.models.moe.MoeMlp`): ``"auto"`` (default:
+            ``"expert_parallel"`` when the ``experts`` axis is split over a mesh axis, e.g. ``trainer.expert_axis_size:
+            4``, else ``"dense"``), ``"dense"`` (named ops, ``num_experts / k`` times the expert FLOPs), ``"sorted"``
+            (grouped matrix products over the assignments sorted by expert, sparse FLOPs, one device) or
+            ``"expert_parallel"`` (tokens sent to the devices holding their experts by all-to-all).
+        moe_capacity_factor: ``"expert_parallel"`` only: None (default, dropless) or the size of each device's
+            per-destination buffer relative to an even split; assignments beyond it are dropped and logged
+            (``router/dropped_fraction``).
+        router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer gets a router bias, added
+            to the scores for the top-k choice only, that the trainer moves by ``rate * sign(mean load - load)`` after
+            every step (0: off, no bias).
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -69,14 +79,23 @@ class Qwen3MoeConfig(Qwen3Config):
     router_aux_loss_coef: float = 0.001
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
-    moe_dispatch: str = "dense"
+    moe_dispatch: str = "auto"
+    moe_capacity_factor: float | None = None
+    router_bias_update_rate: float = 0.0
 
     feed_forward_keys: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
+        check_moe_fields(
+            name,
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.moe_dispatch,
+            self.moe_capacity_factor,
+            self.router_bias_update_rate,
+        )
         if self.moe_intermediate_dim < 1:
             raise ValueError(f"{name}: moe_intermediate_dim must be positive, got {self.moe_intermediate_dim}")
         if self.decoder_sparse_step != 1 or self.mlp_only_layers:
@@ -106,6 +125,8 @@ class Qwen3MoeConfig(Qwen3Config):
             key=keys[0],
             dispatch=self.moe_dispatch,
             norm_topk_prob=self.norm_topk_prob,
+            capacity_factor=self.moe_capacity_factor,
+            balance_bias=self.router_bias_update_rate > 0,
         )
 
     def flops_per_token(self, vocab_size: int) -> float:

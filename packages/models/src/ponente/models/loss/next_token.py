@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ponente.namedtensor as hax
 from ponente.namedtensor import NamedArray
 
-from ..lm import LmExample, LmHeadModel, _pos_ids_kwargs
+from ..lm import LmExample, LmHeadModel, _pos_ids_kwargs, is_aux_loss
 from .blockwise import blockwise_cross_entropy_loss
 from .fused import fused_cross_entropy_loss
 
@@ -186,6 +186,7 @@ def compute_next_token_loss_and_aux(
         total = hax.sum(loss)
         if reduction == "mean":
             total = total / hax.maximum(hax.sum(mask), 1.0)
-    for term in aux.values():
-        total = total + term.astype(loss_dtype)
+    for name, term in aux.items():
+        if is_aux_loss(name):
+            total = total + term.astype(loss_dtype)
     return total, aux

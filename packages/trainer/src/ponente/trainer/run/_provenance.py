@@ -92,6 +92,7 @@ FIXED_ON_RESUME = (
     "trainer.train_batch_size",
     "trainer.per_device_parallelism",
     "trainer.model_axis_size",
+    "trainer.expert_axis_size",
     "trainer.replica_axis_size",
     "trainer.replica_dcn_axis_size",
     "trainer.tensor_parallel_axes",

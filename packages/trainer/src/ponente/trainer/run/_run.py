@@ -118,6 +118,7 @@ class Run:
                 lr_schedule=config.optimizer.lr_scheduler(tcfg.num_train_steps),
                 log_fn=lambda metrics, step: tracker.log(metrics, step=step),
                 flops_per_token=task.flops_per_token(),
+                after_update=task.after_update,
             )
             rows = trainer.process_batch_rows()  # this process loads only the rows of its own devices
             state = trainer.initial_state(task.build_model, is_trainable=task.trainable())

@@ -18,7 +18,14 @@ if TYPE_CHECKING:
     from ponente.trainer.distributed import DistributedConfig
     from ponente.trainer.trainer import TrainerConfig
 
-__all__ = ["Startup", "pad_vocab_for_partitioning", "process_age", "resolve_train_batch_size", "start_distributed"]
+__all__ = [
+    "Startup",
+    "check_expert_parallel",
+    "pad_vocab_for_partitioning",
+    "process_age",
+    "resolve_train_batch_size",
+    "start_distributed",
+]
 
 
 def process_age() -> float | None:
@@ -117,6 +124,24 @@ def start_distributed(distributed: DistributedConfig) -> None:
     distributed.initialize()
 
 
+def check_expert_parallel(model_config: Any, tcfg: TrainerConfig) -> None:
+    """Check that ``trainer.expert_axis_size`` fits the model: it splits the experts evenly; a dense model has none.
+
+    Raises:
+        ValueError: naming ``trainer.expert_axis_size`` when it is > 1 for a model without experts or does not divide
+            ``model.num_experts``.
+    """
+    size = tcfg.expert_axis_size
+    experts = getattr(model_config, "num_experts", None)
+    if size > 1 and experts is None:
+        raise ValueError(
+            f"trainer.expert_axis_size={size}: model type {type(model_config).__name__} has no experts (expert "
+            "parallelism needs a mixture of experts, e.g. mixtral or qwen3_moe); set it to 1"
+        )
+    if experts is not None and experts % size:
+        raise ValueError(f"trainer.expert_axis_size={size} does not divide model.num_experts={experts}")
+
+
 def pad_vocab_for_partitioning(model_config: M, tcfg: TrainerConfig, num_devices: int) -> M:
     """Round the vocabulary up (``vocab_padding_multiple``) so that it splits evenly where it is sharded.
 
@@ -155,18 +180,20 @@ def resolve_train_batch_size(tcfg: TrainerConfig, num_devices: int) -> TrainerCo
 
     Returns:
         ``tcfg``, or a copy whose ``train_batch_size`` is ``per_device_parallelism`` x the size of the batch's mesh
-        axes (``replica`` x ``data``).
+        axes (``replica`` x ``data`` x ``expert``).
     """
     if tcfg.train_batch_size != -1:
         return tcfg
     sizes = _mesh_sizes(tcfg, num_devices)
-    batch = tcfg.per_device_parallelism * sizes["replica"] * sizes["data"]
+    batch = tcfg.per_device_parallelism * sizes["replica"] * sizes["data"] * sizes["expert"]
     logger.info("trainer.train_batch_size -1 -> %d (per_device_parallelism x data-parallel devices)", batch)
     return dataclasses.replace(tcfg, train_batch_size=batch)
 
 
 def _mesh_sizes(tcfg: TrainerConfig, num_devices: int) -> dict[str, int]:
-    """The sizes of the ``model``, ``replica`` and ``data`` mesh axes of ``tcfg`` over ``num_devices`` devices."""
-    model = tcfg.model_axis_size
+    """The sizes of the ``model``, ``expert``, ``replica`` and ``data`` mesh axes of ``tcfg`` over ``num_devices``
+    devices."""
+    model, expert = tcfg.model_axis_size, tcfg.expert_axis_size
     replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
-    return {"model": model, "replica": replica, "data": max(num_devices // (model * replica), 1)}
+    data = max(num_devices // (model * expert * replica), 1)
+    return {"model": model, "expert": expert, "replica": replica, "data": data}

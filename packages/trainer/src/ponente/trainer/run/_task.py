@@ -116,6 +116,11 @@ class Task(abc.ABC):
         """Which parts of the model train (``Trainer.initial_state``'s ``is_trainable``; True: every parameter)."""
         return True
 
+    def after_update(self, model: Any, extra: Mapping[str, Any]) -> Any:
+        """The model after an optimizer step, changed outside the gradient from the loss function's extra outputs
+        (``Trainer``'s ``after_update``; default: unchanged)."""
+        return model
+
     def pretrained_model(self, mp: Any) -> Any | None:
         """The weights that start a fresh run, in ``mp``'s parameter dtype (None: the built model); not called when
         ``trainer.initialize_from`` is set (and a resumed run replaces them)."""

@@ -16,10 +16,12 @@ import numpy as np
 
 import ponente.namedtensor as hax
 from ponente.models import LmExample, compute_next_token_loss_and_aux
+from ponente.models.decoder import EXPERT_LOAD
 from ponente.trainer.run import (
     RunContext,
     Task,
     TaskConfig,
+    check_expert_parallel,
     check_training_data,
     eval_harness_hook,
     export_hf,
@@ -265,6 +267,7 @@ class LmTask(Task):
 
         self.config = config
         self.data: LMDatasetConfig | LMMixtureDatasetConfig = config.data
+        check_expert_parallel(model_config, config.trainer)
         self.model_config = pad_vocab_for_partitioning(model_config, config.trainer, jax.device_count())
         self.seq_len = seq_len
         self.Vocab = hax.Axis("vocab", max(vocab_size or 0, self.data.the_vocab_size))
@@ -278,6 +281,31 @@ class LmTask(Task):
     def build_model(self, key: Any) -> Any:
         """A freshly initialized model of the padded config."""
         return self.model_config.build(self.Vocab, key=key)
+
+    def _bias_rate(self) -> float:
+        return float(getattr(self.model_config, "router_bias_update_rate", 0.0))
+
+    def trainable(self) -> Any:
+        """Every parameter but the MoE balancing biases (``model.router_bias_update_rate``), updated by
+        :meth:`after_update` instead."""
+        if not self._bias_rate():
+            return True
+        import equinox as eqx
+        import jax
+
+        from ponente.models.moe import balance_bias_frozen
+
+        shapes = eqx.filter_eval_shape(self.build_model, jax.random.PRNGKey(0))
+        return balance_bias_frozen(jax.tree_util.tree_map(lambda _: True, shapes))
+
+    def after_update(self, model: Any, extra: Mapping[str, Any]) -> Any:
+        """The MoE balancing biases moved by ``rate * sign(mean load - load)`` (DeepSeek-V3), when enabled."""
+        rate = self._bias_rate()
+        if not rate or EXPERT_LOAD not in extra:
+            return model
+        from ponente.models.moe import update_balance_bias
+
+        return update_balance_bias(model, extra[EXPERT_LOAD], rate)
 
     def pretrained_model(self, mp: Any) -> Any | None:
         """The weights of ``initialize_from_hf``, the vocabulary padded like the model's (None when not set)."""

@@ -35,6 +35,11 @@ class TrainerConfig:
         id: the run id (None: generated from the time and 6 random hex digits, e.g. ``20250101-120000-a1b2c3``;
             not reproducible, so set it to resume a run under the same name).
         model_axis_size: devices per model-parallel group (the ``model`` mesh axis); the rest form ``data``.
+        expert_axis_size: devices per expert-parallel group (the ``expert`` mesh axis, default 1: none). The
+            ``experts`` axis of a mixture of experts' weights is split over it (storage and compute) and its
+            tokens travel to their experts by all-to-all (``moe_dispatch: auto`` picks ``expert_parallel``); for
+            everything else it is one more data axis: the batch is split over ``(replica, data, expert)``. Must
+            divide the device count and the model's ``num_experts``.
         replica_axis_size: devices per ``replica`` group (within a slice): the batch is split over
             ``(replica, data)``, while FSDP parameters are split over ``data`` only and copied across replicas.
         replica_dcn_axis_size: slices (or, on GPUs/CPUs, groups of processes) the ``replica`` axis spans over
@@ -93,6 +98,7 @@ class TrainerConfig:
     id: str | None = None
 
     model_axis_size: int = 1
+    expert_axis_size: int = 1
     replica_axis_size: int = 1
     replica_dcn_axis_size: int = 1
     batch_axis: str = "batch"
@@ -144,6 +150,7 @@ class TrainerConfig:
             "num_train_steps": self.num_train_steps,
             "steps_per_eval": self.steps_per_eval,
             "model_axis_size": self.model_axis_size,
+            "expert_axis_size": self.expert_axis_size,
             "replica_axis_size": self.replica_axis_size,
             "replica_dcn_axis_size": self.replica_dcn_axis_size,
         }
@@ -159,21 +166,27 @@ class TrainerConfig:
 
     @property
     def compute_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes when computing: batch over ``(replica, data)``, tensor-parallel axes on ``model``."""
+        """Logical -> mesh axes when computing: batch over ``(replica, data)`` (and ``expert``), ``experts`` on
+        ``expert`` (when ``expert_axis_size > 1``), tensor-parallel axes on ``model``."""
         mapping: dict[str, Any] = {self.batch_axis: ("replica", "data")}
+        if self.expert_axis_size > 1:
+            mapping = {self.batch_axis: ("replica", "data", "expert"), "experts": "expert"}
         mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
         mapping.update(self.axis_resources)
         return mapping
 
     @property
     def parameter_axis_mapping(self) -> dict[str, Any]:
-        """Logical -> mesh axes of stored parameters: ``fsdp_axis`` over ``data``, tensor-parallel axes over ``model``.
+        """Logical -> mesh axes of stored parameters: ``fsdp_axis`` over ``data``, ``experts`` over ``expert`` (when
+        ``expert_axis_size > 1``), tensor-parallel axes over ``model``.
 
         Returns:
             The mapping (``parameter_axis_resources`` entries override the defaults).
         """
         fsdp = [self.fsdp_axis] if isinstance(self.fsdp_axis, str) else list(self.fsdp_axis or ())
         mapping: dict[str, Any] = dict.fromkeys(fsdp, "data")
+        if self.expert_axis_size > 1:
+            mapping["experts"] = "expert"
         mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
         mapping.update(self.parameter_axis_resources)
         return mapping

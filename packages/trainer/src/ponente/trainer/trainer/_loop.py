@@ -94,6 +94,9 @@ class Trainer:
         optimizer_metrics_fn: metrics read from the new optimizer state, added to the step's metrics
             (default: ``ponente.trainer.optim.optimizer_metrics``: ``optim/grad_norm``, ``optim/update_norm``,
             injected hyperparameters, ...).
+        after_update: ``after_update(model, extra) -> model``, run inside the step on the updated model, outside the
+            gradient; ``extra`` is the loss function's extra outputs (e.g. a mixture of experts' load per expert, for
+            its balancing bias). The result is part of the state, so it is checkpointed and resumes bitwise.
 
     Raises:
         ValueError: if the devices do not divide into ``model_axis_size`` groups, the batch does not divide
@@ -122,6 +125,7 @@ class Trainer:
         loss_weight_fn: Callable[[Any], Any] | None = None,
         devices: Sequence[Any] | None = None,
         optimizer_metrics_fn: Callable[[Any], Mapping[str, Any]] | None = None,
+        after_update: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     ):
         import jmp
 
@@ -148,8 +152,8 @@ class Trainer:
             enable_compilation_cache(config.compilation_cache_dir)
 
         self.mesh = build_mesh(config, list(jax.devices() if devices is None else devices))
-        self.data_axis_size = self.mesh.shape["replica"] * self.mesh.shape["data"]
-        """Shards of the batch: the sizes of the ``replica`` and ``data`` mesh axes multiplied."""
+        self.data_axis_size = self.mesh.shape["replica"] * self.mesh.shape["data"] * self.mesh.shape["expert"]
+        """Shards of the batch: the sizes of the ``replica``, ``data`` and ``expert`` mesh axes multiplied."""
         self.num_microbatches = self._microbatches(config.train_batch_size, config.per_device_parallelism, "train")
         self.compute_axis_mapping: ResourceMapping = config.compute_axis_mapping
         self.parameter_axis_mapping: ResourceMapping = config.parameter_axis_mapping
@@ -167,6 +171,7 @@ class Trainer:
             optimizer_metrics_fn=self.optimizer_metrics_fn,
             lr_schedule=lr_schedule,
             on_nonfinite_loss=config.on_nonfinite_loss,
+            after_update=after_update,
         )
         self._step = named_jit(
             step.train,
@@ -193,7 +198,7 @@ class Trainer:
             raise ValueError(
                 f"trainer.train_batch_size={batch_size} is not divisible by the data axis size {data} "
                 f"({self.mesh.size} devices / model_axis_size {self.config.model_axis_size}; the batch is split "
-                "over the replica and data mesh axes)"
+                "over the replica, data and expert mesh axes)"
             )
         if per_device == -1:
             return 1

@@ -27,11 +27,23 @@ def _scalar(x: Any) -> jax.Array:
     return array.astype(jnp.float32)
 
 
-def _loss_and_metrics(out: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """A loss function's result: a scalar, or ``(scalar, {name: scalar})`` with extra metrics to log."""
+def _extra(x: Any) -> Any:
+    """An extra output of the loss function: scalars as float32 arrays, larger NamedArrays kept (float32)."""
+    if isinstance(x, NamedArray) and x.ndim > 0:
+        return x.astype(jnp.float32)
+    return _scalar(x)
+
+
+def _loss_and_metrics(out: Any) -> tuple[jax.Array, dict[str, Any]]:
+    """A loss function's result: a scalar, or ``(scalar, {name: value})`` with extra outputs: scalars are metrics to
+    log, NamedArrays with axes (e.g. a mixture of experts' load per expert) go to ``after_update`` only."""
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
-        return _scalar(out[0]), {str(k): _scalar(v) for k, v in out[1].items()}
+        return _scalar(out[0]), {str(k): _extra(v) for k, v in out[1].items()}
     return _scalar(out), {}
+
+
+def _scalars(extra: Mapping[str, Any]) -> dict[str, jax.Array]:
+    return {k: v for k, v in extra.items() if not isinstance(v, NamedArray)}
 
 
 def _select(finite: jax.Array, new: Any, old: Any) -> Any:
@@ -84,6 +96,9 @@ class TrainStep:
         on_nonfinite_loss: ``"skip"``: a step whose loss or gradient norm is not finite keeps the parameters and
             optimizer state (the step counter and the training key advance); ``"stop"``: such a step returns
             the state it was given, unchanged.
+        after_update: ``after_update(model, extra) -> model``, applied to the updated model inside the step, outside
+            the gradient (e.g. a mixture of experts' balancing bias); ``extra`` holds the loss function's extra
+            outputs, averaged over microbatches (None: nothing).
     """
 
     def __init__(
@@ -99,6 +114,7 @@ class TrainStep:
         optimizer_metrics_fn: Callable[[Any], Mapping[str, Any]],
         lr_schedule: optax.Schedule | None,
         on_nonfinite_loss: str = "skip",
+        after_update: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     ):
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -110,6 +126,7 @@ class TrainStep:
         self.optimizer_metrics_fn = optimizer_metrics_fn
         self.lr_schedule = lr_schedule
         self.on_nonfinite_loss = on_nonfinite_loss
+        self.after_update = after_update
 
     def _loss_and_grad(
         self, params: tuple[Any, Any], rest: Any, batch: Any, key: jax.Array, *, cast: bool = True
@@ -166,7 +183,8 @@ class TrainStep:
         extra_shapes = jax.eval_shape(micro_grads, jnp.zeros((), jnp.int32), [s[0] for s in scanned])[1]
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         scalar_zero = jnp.zeros((), jnp.float32)
-        init = (zeros, scalar_zero, dict.fromkeys(extra_shapes, scalar_zero), scalar_zero)
+        extra_zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), extra_shapes)
+        init = (zeros, scalar_zero, extra_zeros, scalar_zero)
         ((grad_sum, new_states), loss_sum, extra_sum, weight_sum), _ = jax.lax.scan(
             body, init, (jnp.arange(n), scanned)
         )
@@ -196,6 +214,8 @@ class TrainStep:
             grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
         )
         model = eqx.combine(eqx.apply_updates(trainable, updates), _used_states(new_states, overwrites), rest)
+        if self.after_update is not None:
+            model = self.after_update(model, extra)
         new_state = dataclasses.replace(
             state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
         )
@@ -208,7 +228,7 @@ class TrainStep:
             unchanged = state
         new_state = _keep_if_finite(finite, new_state, unchanged)
         metrics = {
-            **extra,
+            **_scalars(extra),
             "loss": loss,
             "grad_norm": grad_norm,
             **self.optimizer_metrics_fn(opt_state),
@@ -235,4 +255,4 @@ class TrainStep:
             self.loss_fn(eqx.combine(self.mp.cast_to_compute(rest), states), batch, key=None)
         )
         weight = jnp.asarray(self.loss_weight_fn(batch), jnp.float32)
-        return {name: value * weight for name, value in {**extra, "loss": loss}.items()}, weight
+        return {name: value * weight for name, value in {**_scalars(extra), "loss": loss}.items()}, weight
