@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -161,7 +161,7 @@ class Engine:
                 break
         if problem is None and len(new_by_name) != len(old_by_name):
             problem = f"{sorted(set(new_by_name) - set(old_by_name))[0]} is not a parameter of the engine's model"
-        if problem is None and old_def != new_def:
+        if problem is None and cast(Any, old_def) != new_def:
             problem = "the two models' configurations differ"
         if problem is not None:
             raise ValueError(f"update_weights: {problem}")
