@@ -98,5 +98,7 @@ def with_sliding_window(
         return mask
     if isinstance(mask, AttentionMask):
         current = mask.sliding_window
-        return AttentionMask(mask.is_causal, mask.segment_ids, window if current is None else min(current, window))
+        return AttentionMask(
+            mask.is_causal, mask.segment_ids, window if current is None else min(current, window), mask.token_index
+        )
     return mask & hattn.sliding_window_mask(Pos, Pos.alias("key_position"), window)

@@ -288,12 +288,15 @@ class LmExample(eqx.Module):
         attn_mask: the attention mask.
         pos_ids: the integer position of each token over ``position`` (and some of the tokens' batch axes), passed
             to the model (see :meth:`LmHeadModel.__call__`); None: ``0 .. n - 1`` in every row.
+        targets: the token each position predicts, over the tokens' axes; None: the next token along ``position``
+            (set when the ``position`` axis is permuted, see :mod:`ponente.models.context_parallel`).
     """
 
     tokens: NamedArray
     loss_mask: NamedArray
     attn_mask: AttentionMask
     pos_ids: NamedArray | None = None
+    targets: NamedArray | None = None
 
     @staticmethod
     def causal(

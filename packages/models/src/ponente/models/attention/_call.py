@@ -28,6 +28,8 @@ class AttentionCall:
         explicit_mask: whether the mask is an explicit boolean NamedArray rather than an ``AttentionMask``.
         soft_cap: whether the logits are soft-capped (``cap * tanh(logits / cap)``).
         sinks: whether the softmax has per-head sink logits (gpt-oss; see ``_sinks.softmax_with_sinks``).
+        token_index: whether the mask orders the tokens by explicit indices (context parallelism's zig-zag split)
+            rather than by the position axis.
 
     Example:
         >>> AttentionCall("gpu", "bfloat16", seq_len=2048, head_size=64).soft_cap
@@ -43,6 +45,7 @@ class AttentionCall:
     explicit_mask: bool = False
     soft_cap: bool = False
     sinks: bool = False
+    token_index: bool = False
 
     @staticmethod
     def of(
@@ -84,4 +87,5 @@ class AttentionCall:
             explicit_mask=isinstance(mask, NamedArray),
             soft_cap=logit_soft_cap is not None,
             sinks=sinks,
+            token_index=structured is not None and structured.token_index is not None,
         )

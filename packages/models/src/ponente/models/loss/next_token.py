@@ -139,7 +139,7 @@ def compute_next_token_loss_and_aux(
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"compute_next_token_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     Pos = example.tokens.resolve_axis("position")
-    targets = hax.roll(example.tokens, -1, Pos)
+    targets = hax.roll(example.tokens, -1, Pos) if example.targets is None else example.targets
     resolved = cross_entropy_block_size(model, block_size)
     mask = example.loss_mask.astype(loss_dtype)
     fused = resolved is not None and block_size == "auto" and reduction != "none"

@@ -32,7 +32,7 @@ from ._result import PREEMPTED_EXIT_CODE, TrainResult, resolve_path, stop_exit_c
 from ._run import Run, start_run
 from ._run_config import check_run_inputs, parse_run_command_line
 from ._sampling import SampleConfig, sample_text
-from ._startup import check_expert_parallel, pad_vocab_for_partitioning
+from ._startup import check_context_parallel, check_expert_parallel, pad_vocab_for_partitioning
 from ._task import RunContext, Task, TaskConfig
 from ._viz_logprobs import VizLogprobsConfig, logprob_pages
 
@@ -47,6 +47,7 @@ __all__ = [
     "TaskConfig",
     "TrainResult",
     "VizLogprobsConfig",
+    "check_context_parallel",
     "check_expert_parallel",
     "check_inputs",
     "check_run_inputs",

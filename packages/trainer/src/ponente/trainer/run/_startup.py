@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Startup",
+    "check_context_parallel",
     "check_expert_parallel",
     "pad_vocab_for_partitioning",
     "process_age",
@@ -197,3 +198,23 @@ def _mesh_sizes(tcfg: TrainerConfig, num_devices: int) -> dict[str, int]:
     replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
     data = max(num_devices // (model * expert * replica), 1)
     return {"model": model, "expert": expert, "replica": replica, "data": data}
+
+
+def check_context_parallel(model_config: Any, tcfg: TrainerConfig, seq_len: int) -> None:
+    """Check that ``trainer.context_axis_size`` fits the model: it has a ``position`` axis to split, and the sequence
+    length divides into ``2 * context_axis_size`` zig-zag chunks.
+
+    Raises:
+        ValueError: naming ``trainer.context_axis_size``.
+    """
+    size = tcfg.context_axis_size
+    if size == 1:
+        return
+    if getattr(model_config, "Pos", None) is None or getattr(model_config.Pos, "name", None) != "position":
+        raise ValueError(
+            f"trainer.context_axis_size={size}: model type {type(model_config).__name__} has no 'position' axis to "
+            "split (context parallelism needs a decoder language model); set it to 1"
+        )
+    from ponente.models.context_parallel import check_context_split
+
+    check_context_split(seq_len, size)

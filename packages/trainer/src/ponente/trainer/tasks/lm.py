@@ -16,11 +16,13 @@ import numpy as np
 
 import ponente.namedtensor as hax
 from ponente.models import LmExample, compute_next_token_loss_and_aux
+from ponente.models.context_parallel import zigzag_example
 from ponente.models.decoder import EXPERT_LOAD
 from ponente.trainer.run import (
     RunContext,
     Task,
     TaskConfig,
+    check_context_parallel,
     check_expert_parallel,
     check_training_data,
     eval_harness_hook,
@@ -125,21 +127,26 @@ def lm_example(batch: Mapping[str, hax.NamedArray]) -> LmExample:
     )
 
 
-def lm_loss_fn(z_loss_weight: float = 0.0, block_size: int | str | None = "auto") -> Callable[..., Any]:
+def lm_loss_fn(
+    z_loss_weight: float = 0.0, block_size: int | str | None = "auto", *, context: int = 1
+) -> Callable[..., Any]:
     """The training loss ``loss_fn(model, batch, *, key)``: next-token cross-entropy (+ z-loss, + aux losses).
 
     Args:
         z_loss_weight: weight of ``logsumexp(logits)**2`` (0: none).
         block_size: compute the loss blockwise over this many vocabulary entries (None: plain; ``"auto"``:
             blockwise for large vocabularies, see :func:`ponente.models.loss.cross_entropy_block_size`).
+        context: ``trainer.context_axis_size``; > 1 puts every example's positions in zig-zag order first
+            (:func:`ponente.models.context_parallel.zigzag_example`), which leaves the loss unchanged.
 
     Returns:
         The loss function for :class:`~ponente.trainer.trainer.Trainer`.
     """
 
     def loss_fn(model: Any, batch: Mapping[str, hax.NamedArray], *, key: Any) -> Any:
+        example = zigzag_example(lm_example(batch), context)
         loss, aux = compute_next_token_loss_and_aux(
-            model, lm_example(batch), key=key, logsumexp_weight=z_loss_weight or None, block_size=block_size
+            model, example, key=key, logsumexp_weight=z_loss_weight or None, block_size=block_size
         )
         # auxiliary terms (e.g. a MoE router's load-balancing loss) are already in ``loss``; they are also
         # returned by name so that the trainer logs them
@@ -259,7 +266,9 @@ class LmTask(Task):
         self.config = dataclasses.replace(config, model=self.model_config)
         self.export_every = config.hf_save_steps
         self.sample: SampleConfig | None = config.sample
-        self._loss_fn = lm_loss_fn(config.z_loss_weight, config.cross_entropy_block_size)
+        self._loss_fn = lm_loss_fn(
+            config.z_loss_weight, config.cross_entropy_block_size, context=config.trainer.context_axis_size
+        )
 
     def _setup(self, config: Any, model_config: LmConfig, vocab_size: int | None, seq_len: int) -> None:
         """What every language-model task sets: the padded model config, the vocabulary axis and the row layout."""
@@ -268,6 +277,7 @@ class LmTask(Task):
         self.config = config
         self.data: LMDatasetConfig | LMMixtureDatasetConfig = config.data
         check_expert_parallel(model_config, config.trainer)
+        check_context_parallel(model_config, config.trainer, seq_len)
         self.model_config = pad_vocab_for_partitioning(model_config, config.trainer, jax.device_count())
         self.seq_len = seq_len
         self.Vocab = hax.Axis("vocab", max(vocab_size or 0, self.data.the_vocab_size))

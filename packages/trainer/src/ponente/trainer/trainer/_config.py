@@ -40,6 +40,10 @@ class TrainerConfig:
             tokens travel to their experts by all-to-all (``moe_dispatch: auto`` picks ``expert_parallel``); for
             everything else it is one more data axis: the batch is split over ``(replica, data, expert)``. Must
             divide the device count and the model's ``num_experts``.
+        context_axis_size: devices per context-parallel group (the ``context`` mesh axis, default 1: none). The
+            ``position`` axis of activations is split over it (parameters are unaffected), in zig-zag order so that
+            every device gets an equal share of the causal attention work; keys and values are gathered over it.
+            The sequence length must divide by ``2 * context_axis_size``. See the "long context" page.
         replica_axis_size: devices per ``replica`` group (within a slice): the batch is split over
             ``(replica, data)``, while FSDP parameters are split over ``data`` only and copied across replicas.
         replica_dcn_axis_size: slices (or, on GPUs/CPUs, groups of processes) the ``replica`` axis spans over
@@ -99,6 +103,7 @@ class TrainerConfig:
 
     model_axis_size: int = 1
     expert_axis_size: int = 1
+    context_axis_size: int = 1
     replica_axis_size: int = 1
     replica_dcn_axis_size: int = 1
     batch_axis: str = "batch"
@@ -151,6 +156,7 @@ class TrainerConfig:
             "steps_per_eval": self.steps_per_eval,
             "model_axis_size": self.model_axis_size,
             "expert_axis_size": self.expert_axis_size,
+            "context_axis_size": self.context_axis_size,
             "replica_axis_size": self.replica_axis_size,
             "replica_dcn_axis_size": self.replica_dcn_axis_size,
         }
@@ -167,10 +173,13 @@ class TrainerConfig:
     @property
     def compute_axis_mapping(self) -> dict[str, Any]:
         """Logical -> mesh axes when computing: batch over ``(replica, data)`` (and ``expert``), ``experts`` on
-        ``expert`` (when ``expert_axis_size > 1``), tensor-parallel axes on ``model``."""
+        ``expert`` (when ``expert_axis_size > 1``), ``position`` on ``context`` (when ``context_axis_size > 1``),
+        tensor-parallel axes on ``model``."""
         mapping: dict[str, Any] = {self.batch_axis: ("replica", "data")}
         if self.expert_axis_size > 1:
             mapping = {self.batch_axis: ("replica", "data", "expert"), "experts": "expert"}
+        if self.context_axis_size > 1:
+            mapping["position"] = "context"
         mapping.update(dict.fromkeys(self.tensor_parallel_axes or (), "model"))
         mapping.update(self.axis_resources)
         return mapping

@@ -1,4 +1,5 @@
-"""Where the step runs: the ``(replica, data, expert, model)`` device mesh and how programs are compiled for it."""
+"""Where the step runs: the ``(replica, data, expert, context, model)`` device mesh and how programs are compiled
+for it."""
 
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ logger = logging.getLogger(__name__)
 
 
 def build_mesh(config: TrainerConfig, devices: list[Any]) -> jax.sharding.Mesh:
-    """The ``(replica, data, expert, model)`` mesh over ``devices``; hybrid (ICI x DCN) when
+    """The ``(replica, data, expert, context, model)`` mesh over ``devices``; hybrid (ICI x DCN) when
     ``replica_dcn_axis_size > 1``."""
     model, replica, dcn = config.model_axis_size, config.replica_axis_size, config.replica_dcn_axis_size
-    expert = config.expert_axis_size
-    per_group = model * expert * replica * dcn
+    expert, context = config.expert_axis_size, config.context_axis_size
+    per_group = model * expert * context * replica * dcn
     if len(devices) % per_group != 0:
         sizes = {
             "model_axis_size": model,
             "expert_axis_size": expert,
+            "context_axis_size": context,
             "replica_axis_size": replica,
             "replica_dcn_axis_size": dcn,
         }
@@ -36,15 +38,16 @@ def build_mesh(config: TrainerConfig, devices: list[Any]) -> jax.sharding.Mesh:
             else f"trainer.{named[0]} does not divide the {len(devices)} devices"
         )
     if dcn == 1:
-        return make_mesh({"replica": replica, "data": -1, "expert": expert, "model": model}, devices=devices)
+        shape = {"replica": replica, "data": -1, "expert": expert, "context": context, "model": model}
+        return make_mesh(shape, devices=devices)
     grid = hybrid_device_grid(config, devices)
     return jax.sharding.Mesh(
-        grid, ("replica", "data", "expert", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 4
+        grid, ("replica", "data", "expert", "context", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 5
     )
 
 
 def hybrid_device_grid(config: TrainerConfig, devices: list[Any]) -> np.ndarray:
-    """The devices of a hybrid mesh as a ``(replica_dcn * replica, data, expert, model)`` array.
+    """The devices of a hybrid mesh as a ``(replica_dcn * replica, data, expert, context, model)`` array.
 
     The granules of the data-center network are the slices (``device.slice_index``, TPU multi-slice) when
     the devices come from ``replica_dcn_axis_size`` different slices, else the processes (GPUs, CPUs).
@@ -54,19 +57,20 @@ def hybrid_device_grid(config: TrainerConfig, devices: list[Any]) -> np.ndarray:
     from jax.experimental import mesh_utils
 
     model, replica, dcn = config.model_axis_size, config.replica_axis_size, config.replica_dcn_axis_size
-    expert = config.expert_axis_size
-    data = len(devices) // (model * expert * replica * dcn)
+    expert, context = config.expert_axis_size, config.context_axis_size
+    data = len(devices) // (model * expert * context * replica * dcn)
     slices = {getattr(d, "slice_index", None) for d in devices}
     by_process = None in slices or len(slices) != dcn
     logger.info("hybrid mesh: %d %s along the replica axis", dcn, "process groups" if by_process else "slices")
     try:
         grid: np.ndarray = mesh_utils.create_hybrid_device_mesh(
-            (replica, data, expert, model), (dcn, 1, 1, 1), devices, process_is_granule=by_process
+            (replica, data, expert, context, model), (dcn, 1, 1, 1), devices, process_is_granule=by_process
         )
     except (ValueError, AssertionError) as e:
         raise ValueError(
             f"trainer.replica_dcn_axis_size={dcn}: cannot lay out a hybrid mesh of {dcn} slices/process groups x "
-            f"(replica={replica}, data={data}, expert={expert}, model={model}) over {len(devices)} devices: {e}"
+            f"(replica={replica}, data={data}, expert={expert}, context={context}, model={model}) over "
+            f"{len(devices)} devices: {e}"
         ) from e
     return grid
 

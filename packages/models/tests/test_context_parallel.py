@@ -1,0 +1,133 @@
+"""Context parallelism: attention over a zig-zag permuted ``position`` axis split over 4 of 8 simulated devices
+equals single-device attention in the original order (outputs and gradients), with packed segments, sliding windows
+and soft caps; the zig-zag example leaves the next-token loss unchanged."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.models import AttentionMask, LlamaConfig, LmExample, compute_next_token_loss
+from ponente.models.attention import attention
+from ponente.models.context_parallel import check_context_split, zigzag_example, zigzag_permutation
+
+Batch, Pos, KVHeads, Group, HeadSize = (
+    hax.Axis("batch", 2),
+    hax.Axis("position", 32),
+    hax.Axis("kv_heads", 2),
+    hax.Axis("q_heads_per_group", 2),
+    hax.Axis("head_size", 8),
+)
+CONTEXT = 4
+
+
+def test_zigzag_permutation_balances_the_causal_work() -> None:
+    perm = zigzag_permutation(32, 4)
+    assert sorted(perm.tolist()) == list(range(32))
+    # keys seen by each query under a causal mask: index + 1; every device (8 consecutive rows) gets the same sum
+    work = (perm + 1).reshape(4, 8).sum(axis=1)
+    assert len(set(work.tolist())) == 1
+    assert perm.reshape(4, 8)[1].tolist() == [*range(4, 8), *range(24, 28)]
+
+
+def test_bad_lengths_name_the_key() -> None:
+    with pytest.raises(ValueError, match=r"trainer\.context_axis_size=4: .* 100 .* 2 x 4 = 8"):
+        check_context_split(100, 4)
+
+
+def _inputs():
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = hax.random.normal(keys[0], (Batch, Pos, KVHeads, Group, HeadSize))
+    k = hax.random.normal(keys[1], (Batch, Pos, KVHeads, HeadSize))
+    v = hax.random.normal(keys[2], (Batch, Pos, KVHeads, HeadSize))
+    # packed documents: segment boundaries at different places in each row
+    seg = np.zeros((Batch.size, Pos.size), np.int32)
+    seg[0, 9:] = 1
+    seg[0, 20:] = 2
+    seg[1, 15:] = 1
+    return q, k, v, hax.named(jnp.asarray(seg), (Batch, Pos))
+
+
+def _permute(x: hax.NamedArray, perm: np.ndarray) -> hax.NamedArray:
+    return hax.named(jnp.take(x.array, jnp.asarray(perm), axis=x.axis_indices("position")), x.axes)
+
+
+def _objective(out: hax.NamedArray) -> jax.Array:
+    return jnp.sum(jnp.sin(out.array) * jnp.cos(jnp.arange(out.array.size).reshape(out.array.shape)))
+
+
+CASES = {
+    "causal_packed": {"window": None, "cap": None},
+    "sliding_packed": {"window": 6, "cap": None},
+    "softcap_sliding_packed": {"window": 6, "cap": 2.0},
+}
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("case", list(CASES))
+def test_allgather_attention_matches_one_device(case: str) -> None:
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    window, cap = CASES[case]["window"], CASES[case]["cap"]
+    q, k, v, seg = _inputs()
+    mask = AttentionMask.causal(window).with_segment_ids(seg)
+
+    def attend(q, k, v, mask):
+        return attention(Pos, HeadSize, q, k, v, mask, logit_soft_cap=cap)
+
+    def value_and_grads(q, k, v, mask):
+        out = attend(q, k, v, mask)
+        grads = jax.grad(lambda a, b, c: _objective(attend(a, b, c, mask)), argnums=(0, 1, 2))(q, k, v)
+        return out, grads
+
+    # the single-device reference, in the original order
+    ref_out, ref_grads = jax.jit(value_and_grads)(q, k, v, mask)
+
+    perm = zigzag_permutation(Pos.size, CONTEXT)
+    inverse = np.argsort(perm)
+    pq, pk, pv = (_permute(x, perm) for x in (q, k, v))
+    pmask = AttentionMask.causal(window).with_segment_ids(_permute(seg, perm))
+    pmask = pmask.with_token_index(hax.named(jnp.asarray(perm), (Pos,)))
+
+    mapping = {"batch": "data", "position": "context"}
+    mesh = hax.partitioning.make_mesh({"data": 2, "context": CONTEXT}, devices=jax.devices()[:8])
+
+    @hax.named_jit(axis_resources=mapping)
+    def run(q, k, v, mask):
+        q, k, v, mask = hax.shard((q, k, v, mask), mapping)
+        out = hax.shard(attend(q, k, v, mask), mapping)
+
+        def objective(a, b, c):
+            # the reference's objective weights positions in the original order
+            return _objective(_permute(attend(a, b, c, mask), inverse))
+
+        return out, jax.grad(objective, argnums=(0, 1, 2))(q, k, v)
+
+    with hax.partitioning.set_mesh(mesh):
+        out, grads = run(pq, pk, pv, pmask)
+    # each device holds a quarter of the query rows (and half of the batch)
+    shard = out.array.addressable_shards[0].data
+    assert shard.shape[out.axis_indices("position")] == Pos.size // CONTEXT
+    assert shard.shape[out.axis_indices("batch")] == Batch.size // 2
+    np.testing.assert_allclose(np.asarray(_permute(out, inverse).array), np.asarray(ref_out.array), atol=1e-5)
+    for got, want in zip(grads, ref_grads, strict=True):
+        back = np.asarray(_permute(got, inverse).array)
+        np.testing.assert_allclose(back, np.asarray(want.array), atol=1e-5)
+
+
+def test_zigzag_example_keeps_the_loss() -> None:
+    """The permuted example (explicit targets, positions, token indices) gives the loss of the original one."""
+    config = LlamaConfig(seq_len=16, hidden_dim=16, intermediate_dim=32, num_layers=1, num_heads=4, num_kv_heads=2)
+    Vocab = hax.Axis("vocab", 32)
+    model = config.build(Vocab, key=jax.random.key(1))
+    ids = hax.named(jax.random.randint(jax.random.key(2), (2, 16), 0, 32), ("batch", "position"))
+    seg = hax.named(jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 4, axis=1)), ("batch", "position"))
+    example = LmExample.causal(ids, segment_ids=seg)
+    loss = eqx.filter_jit(lambda m, ex: compute_next_token_loss(m, ex, block_size=None).array)
+    want = float(loss(model, example))
+    got = float(loss(model, zigzag_example(example, 4)))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert zigzag_example(example, 1) is example
