@@ -1,0 +1,94 @@
+"""Context parallelism is a config change: a tiny Llama and a tiny Mistral (sliding window) trained on packed documents
+on 8 simulated devices with ``context_axis_size`` 4 (x data 2) give the losses and parameters of 1 device; bad
+context keys fail naming the key.
+
+Run in the multidevice session (8 simulated CPU devices), except the config checks.
+"""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import ponente.namedtensor as hax
+from ponente.models import LlamaConfig, MistralConfig
+from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
+from ponente.trainer.trainer import Trainer, TrainerConfig
+
+BATCH = 4
+STEPS = 2
+SEQ = 512
+Vocab = hax.Axis("vocab", 64)
+SMALL = {"hidden_dim": 16, "intermediate_dim": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
+MODELS = {
+    "llama": LlamaConfig(seq_len=SEQ, **SMALL),
+    "mistral_sliding": MistralConfig(seq_len=SEQ, sliding_window=48, **SMALL),
+}
+
+
+def batches():
+    """Packed documents: segment boundaries at random places in every row."""
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(STEPS):
+        ids = rng.integers(0, Vocab.size, (BATCH, SEQ)).astype(np.int32)
+        starts = np.zeros((BATCH, SEQ), np.int32)
+        starts[:, rng.integers(1, SEQ, 6)] = 1
+        out.append(lm_batch({"input_ids": ids, "segment_ids": np.cumsum(starts, axis=1).astype(np.int32)}))
+    return out
+
+
+def train(model, devices, context=1):
+    config = TrainerConfig(
+        train_batch_size=BATCH,
+        num_train_steps=STEPS,
+        compilation_cache_dir=None,
+        progress_bar=False,
+        context_axis_size=context,
+    )
+    trainer = Trainer(config, optax.adam(1e-2), lm_loss_fn(context=context), devices=devices)
+    state = trainer.initial_state(lambda key: model.build(Vocab, key=key))
+    losses = []
+    for batch in batches():
+        state, m = trainer.train_step(state, trainer.shard_batch(batch))
+        losses.append(float(m["loss"]))
+    return trainer, state, losses
+
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.multidevice
+@pytest.mark.integration
+@pytest.mark.parametrize("name", list(MODELS))
+def test_context_parallel_trains_like_one_device(name):
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    model = MODELS[name]
+    _, ref_state, ref_losses = train(model, jax.devices()[:1])
+    trainer, state, losses = train(model, jax.devices(), context=4)
+    assert trainer.mesh.shape["context"] == 4
+    assert trainer.mesh.shape["data"] == 2
+    np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)
+    for got, want in zip(leaves(state.model), leaves(ref_state.model), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_context_keys_fail_naming_the_key():
+    from ponente.models import Gpt2Config
+    from ponente.trainer.run import check_context_parallel
+
+    with pytest.raises(ValueError, match=r"trainer\.context_axis_size=4: the sequence length 100 .* 2 x 4 = 8"):
+        check_context_parallel(MODELS["llama"], TrainerConfig(context_axis_size=4), 100)
+    check_context_parallel(MODELS["llama"], TrainerConfig(context_axis_size=4), SEQ)
+    check_context_parallel(Gpt2Config(seq_len=64), TrainerConfig(context_axis_size=2), 64)
+
+    class NoPosition:
+        pass
+
+    with pytest.raises(ValueError, match=r"trainer\.context_axis_size=2: model type NoPosition has no 'position'"):
+        check_context_parallel(NoPosition(), TrainerConfig(context_axis_size=2), 64)
+    with pytest.raises(ValueError, match=r"trainer\.context_axis_size must be >= 1"):
+        TrainerConfig(context_axis_size=0)
+    assert TrainerConfig(context_axis_size=2).compute_axis_mapping["position"] == "context"
+    assert "position" not in TrainerConfig(context_axis_size=2).parameter_axis_mapping
