@@ -92,3 +92,11 @@ def test_context_keys_fail_naming_the_key():
         TrainerConfig(context_axis_size=0)
     assert TrainerConfig(context_axis_size=2).compute_axis_mapping["position"] == "context"
     assert "position" not in TrainerConfig(context_axis_size=2).parameter_axis_mapping
+
+
+def test_the_server_refuses_context_parallelism():
+    from ponente.trainer.main.serve import ServeConfig
+
+    with pytest.raises(ValueError, match=r"^context_axis_size=2: context parallelism is for training only"):
+        ServeConfig(hf_checkpoint="model", context_axis_size=2)
+    assert ServeConfig(hf_checkpoint="model").context_axis_size == 1

@@ -58,6 +58,8 @@ class ServeConfig:
         max_connections: open connections at most (uvicorn answers 503 beyond).
         docs: serve the OpenAPI pages (``/docs``, ``/redoc``, ``/openapi.json``); off by default.
         log_level: uvicorn's log level.
+        context_axis_size: refused unless 1: context parallelism (``trainer.context_axis_size``) splits training
+            sequences; the generation engine decodes unsplit ones.
     """
 
     hf_checkpoint: str | None = None
@@ -80,8 +82,14 @@ class ServeConfig:
     max_connections: int = 512
     docs: bool = False
     log_level: str = "info"
+    context_axis_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.context_axis_size != 1:
+            raise ValueError(
+                f"context_axis_size={self.context_axis_size}: context parallelism is for training only; the "
+                "generation engine does not split sequences (set it to 1)"
+            )
         if (self.checkpoint_path is None) == (self.hf_checkpoint is None):
             raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
         for name in (

@@ -11,7 +11,7 @@ One concept per module, each importing only those below it:
   :class:`NonFiniteLossError`.
 - ``_step``: what one compiled step computes (loss, gradients accumulated over microbatches, update, metrics).
 - ``_signals``: :func:`stop_on_signals`, the one place SIGINT and SIGTERM are handled.
-- ``_mesh``: the ``(replica, data, expert, model)`` device mesh and the compiler settings.
+- ``_mesh``: the ``(replica, data, expert, context, model)`` device mesh and the compiler settings.
 - ``_batch``: a batch's static layout, size checks, token counts and microbatches (:func:`default_loss_weight`).
 - ``_config``: :class:`TrainerConfig`.
 - ``_quantization``: its ``quantization`` section (:class:`QuantizationConfig`, FP8/int8 products) and
