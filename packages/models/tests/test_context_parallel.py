@@ -4,6 +4,8 @@ and soft caps; the zig-zag example leaves the next-token loss unchanged."""
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ import pytest
 import ponente.namedtensor as hax
 from ponente.models import AttentionMask, LlamaConfig, LmExample, compute_next_token_loss
 from ponente.models.attention import attention
+from ponente.models.attention.ring import ring_attention
 from ponente.models.context_parallel import check_context_split, zigzag_example, zigzag_permutation
 
 Batch, Pos, KVHeads, Group, HeadSize = (
@@ -67,15 +70,28 @@ CASES = {
 }
 
 
+def test_ring_attention_on_one_device_is_the_reference() -> None:
+    q, k, v, seg = _inputs()
+    for window, cap in ((None, None), (6, 2.0)):
+        mask = AttentionMask.causal(window).with_segment_ids(seg)
+        ref = functools.partial(attention, Pos, HeadSize, logit_soft_cap=cap)
+        ring = functools.partial(ring_attention, Pos, HeadSize, logit_soft_cap=cap)
+        want, got = jax.jit(ref)(q, k, v, mask), jax.jit(ring)(q, k, v, mask)
+        np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-5)
+
+
 @pytest.mark.multidevice
+@pytest.mark.parametrize("mode", ["allgather", "ring"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_allgather_attention_matches_one_device(case: str) -> None:
+def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> None:
     assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     window, cap = CASES[case]["window"], CASES[case]["cap"]
     q, k, v, seg = _inputs()
     mask = AttentionMask.causal(window).with_segment_ids(seg)
 
     def attend(q, k, v, mask):
+        if mode == "ring" and mask.token_index is not None:
+            return ring_attention(Pos, HeadSize, q, k, v, mask, logit_soft_cap=cap)
         return attention(Pos, HeadSize, q, k, v, mask, logit_soft_cap=cap)
 
     def value_and_grads(q, k, v, mask):
@@ -107,7 +123,10 @@ def test_allgather_attention_matches_one_device(case: str) -> None:
         return out, jax.grad(objective, argnums=(0, 1, 2))(q, k, v)
 
     with hax.partitioning.set_mesh(mesh):
+        hlo = run.lower(pq, pk, pv, pmask).as_text()
         out, grads = run(pq, pk, pv, pmask)
+    if mode == "ring":  # key/value blocks travel around the ring, never gathered
+        assert "collective_permute" in hlo or "collective-permute" in hlo
     # each device holds a quarter of the query rows (and half of the batch)
     shard = out.array.addressable_shards[0].data
     assert shard.shape[out.axis_indices("position")] == Pos.size // CONTEXT

@@ -1,0 +1,199 @@
+"""Ring attention: context parallelism that passes key/value blocks around the devices of the context axis.
+
+The ``position`` axis of query, key and value is split over a mesh axis (the one the current axis mapping names for
+``position``, e.g. ``context``). Inside ``shard_map`` each of the ``n`` devices keeps its query rows and, ``n`` times,
+attends to the key/value block it holds, merges the result into its running output with the online softmax (running
+maximum, denominator and weighted sum, as in flash attention), and hands the block to the next device
+(``ppermute``). No device ever holds more than one block of keys and values, and the mask is built per block from
+the original token indices (:attr:`~ponente.models.AttentionMask.token_index`, so the zig-zag order is exact) and the
+segment ids that travel with the block: causal, sliding windows and packed documents are exact; soft caps too.
+
+Without a mesh, or with ``position`` not split, the same online-softmax loop runs on one block (one device).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+import ponente.namedtensor as hax
+from ponente.namedtensor import Axis, NamedArray
+from ponente.namedtensor.partitioning import current_mesh, physical_axis_name, pspec_for_axis
+
+from ._mask import AttentionMask
+
+__all__ = ["context_axis", "ring_attention"]
+
+_NEG = -1e30  # a finite "minus infinity": a block with no visible key adds nothing once a visible one is merged
+
+
+def _mesh() -> Any:
+    mesh = current_mesh()
+    if mesh is not None:
+        return mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    return None if abstract.empty else abstract
+
+
+def context_axis(Pos: Axis) -> tuple[str | None, int]:
+    """The mesh axis ``Pos`` is split over under the current mapping and mesh, and its size (``(None, 1)`` when
+    there is no mesh or ``Pos`` is not split).
+
+    Raises:
+        ValueError: if ``Pos`` maps to several mesh axes.
+    """
+    mesh = _mesh()
+    physical = physical_axis_name(Pos.name)
+    if mesh is None or physical is None:
+        return None, 1
+    if not isinstance(physical, str):
+        if len(physical) != 1:
+            raise ValueError(f"ring attention: {Pos.name!r} must map to one mesh axis, got {physical}")
+        physical = physical[0]
+    if physical not in mesh.shape:
+        return None, 1
+    return physical, int(mesh.shape[physical])
+
+
+def _ring_local(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_idx: jax.Array,
+    k_idx: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    *,
+    axis: str | None,
+    devices: int,
+    n_shared: int,
+    scale: float,
+    causal: bool,
+    window: int | None,
+    soft_cap: float | None,
+) -> jax.Array:
+    """One device's part. ``q``: ``(shared..., Lq, rest..., D)``; ``k``/``v``: ``(shared..., Lk, D)``; indices
+    ``(L,)``; segment ids ``(shared..., L)`` or None. Returns ``q``'s shape, in ``v``'s dtype."""
+    shared_shape = q.shape[:n_shared]
+    lq, d = q.shape[n_shared], q.shape[-1]
+    rest_shape = q.shape[n_shared + 1 : -1]
+    s = 1
+    for n in shared_shape:
+        s *= n
+    qf = q.reshape(s, lq, -1, d).astype(jnp.float32)
+    kf = k.reshape(s, -1, d)
+    vf = v.reshape(s, -1, d)
+    qs = None if q_seg is None else q_seg.reshape(s, lq)
+    ks = None if k_seg is None else k_seg.reshape(s, -1)
+    r = qf.shape[2]
+
+    m = jnp.full((s, lq, r), _NEG, jnp.float32)
+    l_sum = jnp.zeros((s, lq, r), jnp.float32)
+    acc = jnp.zeros((s, lq, r, d), jnp.float32)
+    perm = [(i, (i + 1) % devices) for i in range(devices)]
+    for step in range(devices):
+        logits = jnp.einsum("sqrd,skd->sqrk", qf, kf.astype(jnp.float32)) * scale
+        if soft_cap is not None:
+            logits = soft_cap * jnp.tanh(logits / soft_cap)
+        allowed = jnp.ones((1, lq, 1, k_idx.shape[0]), jnp.bool_)
+        if causal or window is not None:
+            allowed = allowed & (k_idx[None, None, None, :] <= q_idx[None, :, None, None])
+        if window is not None:
+            allowed = allowed & (q_idx[None, :, None, None] - k_idx[None, None, None, :] < window)
+        if qs is not None and ks is not None:
+            allowed = allowed & (qs[:, :, None, None] == ks[:, None, None, :])
+        logits = jnp.where(allowed, logits, _NEG)
+        m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
+        p = jnp.exp(logits - m_new[..., None])
+        corr = jnp.exp(m - m_new)
+        l_sum = l_sum * corr + jnp.sum(p, axis=-1)
+        acc = acc * corr[..., None] + jnp.einsum("sqrk,skd->sqrd", p, vf.astype(jnp.float32))
+        m = m_new
+        if axis is not None and step < devices - 1:
+            kf, vf, k_idx = (jax.lax.ppermute(x, axis, perm) for x in (kf, vf, k_idx))
+            if ks is not None:
+                ks = jax.lax.ppermute(ks, axis, perm)
+    out = acc / l_sum[..., None]
+    return out.reshape(*shared_shape, lq, *rest_shape, d).astype(v.dtype)
+
+
+def ring_attention(
+    Pos: Axis,
+    HeadSize: Axis,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: AttentionMask | None,
+    *,
+    scaling_factor: float | None = None,
+    logit_soft_cap: float | None = None,
+) -> NamedArray:
+    """Attention with the contract of :func:`~ponente.models.attention.attention` computed around the ring of the
+    mesh axis ``Pos`` maps to (see the module).
+
+    Args:
+        Pos: the position axis of query, key and value.
+        HeadSize: the contracted per-head axis.
+        query: ``(..., Pos, heads..., HeadSize)``.
+        key: ``(..., Pos, kv heads..., HeadSize)``.
+        value: like ``key``.
+        mask: an :class:`~ponente.models.AttentionMask` or None.
+        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
+        logit_soft_cap: caps the scaled logits (``cap * tanh(logits / cap)``) before masking; None: no cap.
+
+    Returns:
+        The attended values with the query's axes (the value's dtype).
+
+    Raises:
+        ValueError: for an explicit boolean mask (ring attention builds its mask per block).
+    """
+    if mask is not None and not isinstance(mask, AttentionMask):
+        raise ValueError("ring attention: pass an AttentionMask (causal, sliding window, segment ids, token index)")
+    scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
+    shared = tuple(ax for ax in key.axes if ax.name not in (Pos.name, HeadSize.name))
+    rest = tuple(ax for ax in query.axes if ax.name not in (Pos.name, HeadSize.name) and not key.has_axis(ax.name))
+    D = query.resolve_axis(HeadSize.name)
+    q = query.rearrange((*shared, Pos, *rest, D))
+    k = key.rearrange((*shared, Pos, D))
+    v = value.rearrange((*shared, Pos, D))
+    index = hax.arange(Pos) if mask is None or mask.token_index is None else mask.token_index
+    if index.axes != (Pos,):
+        raise ValueError(f"ring attention: token_index must be over {Pos.name!r} alone, got {index.axes}")
+    seg = None
+    if mask is not None and mask.segment_ids is not None:
+        seg = hax.broadcast_to(mask.segment_ids, (*shared, Pos)).rearrange((*shared, Pos)).array
+    causal = mask is not None and mask.is_causal
+    window = None if mask is None else mask.sliding_window
+    axis, devices = context_axis(Pos)
+    kwargs = {
+        "n_shared": len(shared),
+        "scale": scale,
+        "causal": causal,
+        "window": window,
+        "soft_cap": logit_soft_cap,
+    }
+    if axis is None:
+        out = _ring_local(
+            q.array, k.array, v.array, index.array, index.array, seg, seg, axis=None, devices=1, **kwargs
+        )
+    else:
+        q_spec, k_spec = pspec_for_axis(q.axes), pspec_for_axis(k.axes)
+        idx_spec = PartitionSpec(axis)
+        seg_spec = pspec_for_axis((*shared, Pos))
+        present = seg is not None
+
+        def body(qa: Any, ka: Any, va: Any, ia: Any, *segs: Any) -> Any:
+            s = segs[0] if present else None
+            return _ring_local(qa, ka, va, ia, ia, s, s, axis=axis, devices=devices, **kwargs)
+
+        out = jax.shard_map(
+            body,
+            mesh=_mesh(),
+            in_specs=(q_spec, k_spec, k_spec, idx_spec, *((seg_spec,) if present else ())),
+            out_specs=q_spec,
+            check_vma=False,
+        )(q.array, k.array, v.array, index.array, *((seg,) if present else ()))
+    return hax.named(out, q.axes).rearrange(query.axes)
