@@ -23,6 +23,9 @@ SMALL = {"hidden_dim": 16, "intermediate_dim": 32, "num_layers": 2, "num_heads":
 MODELS = {
     "llama": LlamaConfig(seq_len=SEQ, **SMALL),
     "mistral_sliding": MistralConfig(seq_len=SEQ, sliding_window=48, **SMALL),
+    "mistral_sliding_ring": MistralConfig(
+        seq_len=SEQ, sliding_window=48, attention_context_parallel="ring", **SMALL
+    ),
 }
 
 
@@ -67,6 +70,9 @@ def test_context_parallel_trains_like_one_device(name):
     model = MODELS[name]
     _, ref_state, ref_losses = train(model, jax.devices()[:1])
     trainer, state, losses = train(model, jax.devices(), context=4)
+    if model.attention_context_parallel == "ring":  # keys and values travel around the ring
+        hlo = trainer.compile_step(state, trainer.shard_batch(batches()[0])).as_text()
+        assert "collective-permute" in hlo
     assert trainer.mesh.shape["context"] == 4
     assert trainer.mesh.shape["data"] == 2
     np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)
@@ -88,6 +94,8 @@ def test_context_keys_fail_naming_the_key():
 
     with pytest.raises(ValueError, match=r"trainer\.context_axis_size=2: model type NoPosition has no 'position'"):
         check_context_parallel(NoPosition(), TrainerConfig(context_axis_size=2), 64)
+    with pytest.raises(ValueError, match=r"attention_context_parallel 'rings' is not supported"):
+        LlamaConfig(attention_context_parallel="rings")
     with pytest.raises(ValueError, match=r"trainer\.context_axis_size must be >= 1"):
         TrainerConfig(context_axis_size=0)
     assert TrainerConfig(context_axis_size=2).compute_axis_mapping["position"] == "context"

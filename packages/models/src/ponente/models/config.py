@@ -16,6 +16,7 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray, ScanCheckpointPolicy
 
 from .attention import ATTENTION_BACKENDS
+from .attention.ring import ATTENTION_CONTEXT_PARALLEL
 from .lm import LmHeadModel
 from .remat import check_gradient_checkpointing
 
@@ -244,6 +245,10 @@ class LmConfig(abc.ABC):
             (``jax.nn.dot_product_attention``) or ``"pallas"`` (JAX's GPU/TPU kernels); see
             :mod:`ponente.models.attention.backends`.
         flash_attention_block_size: the query/key block size of the ``"flash"`` backend.
+        attention_context_parallel: the attention under context parallelism (``trainer.context_axis_size > 1``):
+            ``"allgather"`` (keys and values gathered over the context axis, then ``attn_backend``) or ``"ring"``
+            (key/value blocks passed around the devices with the online-softmax merge; blocks of grouped-query
+            attention layers; the others all-gather).
         vocab_padding_multiple: ``build(Vocab)`` pads the vocabulary axis to a multiple of this (1: no padding);
             logits of padded entries are the dtype's most negative value, so they never win and add nothing
             to the softmax, and Hugging Face export drops them.
@@ -264,6 +269,7 @@ class LmConfig(abc.ABC):
     scan_layers: bool = True
     attn_backend: str = "auto"
     flash_attention_block_size: int = 128
+    attention_context_parallel: str = "allgather"
     vocab_padding_multiple: int = 1
 
     def __post_init__(self) -> None:
@@ -271,6 +277,11 @@ class LmConfig(abc.ABC):
         if self.attn_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"{name}: attn_backend {self.attn_backend!r} is not supported; expected one of {ATTENTION_BACKENDS}"
+            )
+        if self.attention_context_parallel not in ATTENTION_CONTEXT_PARALLEL:
+            raise ValueError(
+                f"{name}: attention_context_parallel {self.attention_context_parallel!r} is not supported; expected "
+                f"one of {ATTENTION_CONTEXT_PARALLEL}"
             )
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"{name}: scan_layers must be true or false, got {self.scan_layers!r}")

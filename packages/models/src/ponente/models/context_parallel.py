@@ -12,7 +12,9 @@ original token index of every position (:attr:`~ponente.models.AttentionMask.tok
 windows and packed documents are exact. The loss, a masked mean over positions, is unchanged by the permutation.
 A contiguous split of the permuted ``position`` axis over the devices (the compute mapping ``position -> context``)
 then is the zig-zag split; each device holds its ``1/n`` of the query rows, and the keys and values are gathered over
-the context axis by the compiler (``"allgather"``), the small operands with grouped-query attention.
+the context axis by the compiler (``"allgather"``, the small operands with grouped-query attention) or passed
+around the ring of devices (``"ring"``, :func:`~ponente.models.attention.ring.ring_attention`), as
+``model.attention_context_parallel`` says.
 """
 
 from __future__ import annotations
@@ -24,12 +26,10 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import NamedArray
 
 from .attention import AttentionMask
+from .attention.ring import ATTENTION_CONTEXT_PARALLEL
 from .lm import LmExample
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "check_context_split", "zigzag_example", "zigzag_permutation"]
-
-ATTENTION_CONTEXT_PARALLEL = ("allgather",)
-"""The attention strategies under context parallelism (``model.attention_context_parallel``)."""
 
 
 def check_context_split(seq_len: int, context: int, where: str = "trainer.context_axis_size") -> None:

@@ -95,6 +95,7 @@ def grouped_attention(config: Any, rotary: Any, *, key: jax.Array) -> Attention:
         key=key,
         backend=config.attn_backend,
         block_size=config.flash_attention_block_size,
+        context_parallel=config.attention_context_parallel,
     )
 
 

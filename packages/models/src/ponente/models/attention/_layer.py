@@ -14,6 +14,7 @@ from ._mask import AttentionMask
 from .backends import ATTENTION_BACKENDS, AttentionCall, check_backend_name, resolve_backend
 from .kv_cache import CACHE_POSITION, KvCache, cached_attention
 from .reference import KEY_POSITION, dot_product_attention
+from .ring import ATTENTION_CONTEXT_PARALLEL, context_axis, ring_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -117,6 +118,7 @@ class Attention(eqx.Module):
         rotary: rotary settings (None: no rotary embedding).
         backend: the attention backend, ``"auto"`` or a name in ``ATTENTION_BACKENDS`` (see :func:`attention`).
         block_size: the flash-attention tile size over positions.
+        context_parallel: ``"allgather"`` or ``"ring"``: the attention under context parallelism (see :meth:`init`).
     """
 
     q_proj: Linear
@@ -126,6 +128,7 @@ class Attention(eqx.Module):
     rotary: RotaryConfig | None = eqx.field(static=True)
     backend: str = eqx.field(static=True, default="auto")
     block_size: int = eqx.field(static=True, default=128)
+    context_parallel: str = eqx.field(static=True, default="allgather")
 
     @staticmethod
     def init(
@@ -139,6 +142,7 @@ class Attention(eqx.Module):
         key: jax.Array,
         backend: str = "auto",
         block_size: int = 128,
+        context_parallel: str = "allgather",
     ) -> Attention:
         """Create the projections.
 
@@ -152,16 +156,23 @@ class Attention(eqx.Module):
             key: the PRNG key.
             backend: the attention backend (``"auto"`` or a name in ``ATTENTION_BACKENDS``; see :func:`attention`).
             block_size: the flash-attention tile size over positions.
+            context_parallel: with ``position`` split over a mesh axis, ``"allgather"`` (keys and values gathered,
+                then ``backend``) or ``"ring"`` (:func:`~ponente.models.attention.ring.ring_attention`).
 
         Returns:
             The layer.
 
         Raises:
-            ValueError: for an unknown ``backend`` or a ``block_size`` below 1.
+            ValueError: for an unknown ``backend`` or ``context_parallel``, or a ``block_size`` below 1.
         """
         _check_backend(backend)
         if block_size < 1:
             raise ValueError(f"Attention.init: block_size must be >= 1, got {block_size}")
+        if context_parallel not in ATTENTION_CONTEXT_PARALLEL:
+            raise ValueError(
+                f"Attention.init: context_parallel must be one of {ATTENTION_CONTEXT_PARALLEL}, "
+                f"got {context_parallel!r}"
+            )
         kq, kk, kv, ko = jax.random.split(key, 4)
         QHeads = (KVHeads, QHeadsPerGroup, HeadSize)
         return Attention(
@@ -172,6 +183,7 @@ class Attention(eqx.Module):
             rotary=rotary,
             backend=backend,
             block_size=block_size,
+            context_parallel=context_parallel,
         )
 
     def __call__(
@@ -201,7 +213,10 @@ class Attention(eqx.Module):
         if self.rotary is not None:
             q = apply_rotary(q, Pos, HeadSize, self.rotary, pos_ids)
             k = apply_rotary(k, Pos, HeadSize, self.rotary, pos_ids)
-        out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
+        if self.context_parallel == "ring" and context_axis(Pos)[1] > 1 and not isinstance(mask, NamedArray):
+            out = tag(ring_attention(Pos, HeadSize, q, k, v, mask), "attn_context")
+        else:
+            out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
         return tag(self.o_proj(out), "attn_out")
 
     def decode(

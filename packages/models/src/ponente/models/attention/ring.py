@@ -25,7 +25,11 @@ from ponente.namedtensor.partitioning import current_mesh, physical_axis_name, p
 
 from ._mask import AttentionMask
 
-__all__ = ["context_axis", "ring_attention"]
+__all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "ring_attention"]
+
+ATTENTION_CONTEXT_PARALLEL = ("allgather", "ring")
+"""The attention strategies under context parallelism (``model.attention_context_parallel``): ``"allgather"``
+(keys and values gathered over the context axis by the compiler) or ``"ring"`` (:func:`ring_attention`)."""
 
 _NEG = -1e30  # a finite "minus infinity": a block with no visible key adds nothing once a visible one is merged
 
