@@ -23,9 +23,7 @@ SMALL = {"hidden_dim": 16, "intermediate_dim": 32, "num_layers": 2, "num_heads":
 MODELS = {
     "llama": LlamaConfig(seq_len=SEQ, **SMALL),
     "mistral_sliding": MistralConfig(seq_len=SEQ, sliding_window=48, **SMALL),
-    "mistral_sliding_ring": MistralConfig(
-        seq_len=SEQ, sliding_window=48, attention_context_parallel="ring", **SMALL
-    ),
+    "mistral_sliding_ring": MistralConfig(seq_len=SEQ, sliding_window=48, attention_context_parallel="ring", **SMALL),
 }
 
 

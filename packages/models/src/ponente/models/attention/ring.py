@@ -172,7 +172,7 @@ def ring_attention(
     causal = mask is not None and mask.is_causal
     window = None if mask is None else mask.sliding_window
     axis, devices = context_axis(Pos)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "n_shared": len(shared),
         "scale": scale,
         "causal": causal,
