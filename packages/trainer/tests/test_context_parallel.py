@@ -22,35 +22,37 @@ Vocab = hax.Axis("vocab", 64)
 SMALL = {"hidden_dim": 16, "intermediate_dim": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 MODELS = {
     "llama": LlamaConfig(seq_len=SEQ, **SMALL),
+    "llama_ring": LlamaConfig(seq_len=SEQ, attention_context_parallel="ring", **SMALL),
     "mistral_sliding": MistralConfig(seq_len=SEQ, sliding_window=48, **SMALL),
     "mistral_sliding_ring": MistralConfig(seq_len=SEQ, sliding_window=48, attention_context_parallel="ring", **SMALL),
 }
 
 
-def batches():
+def batches(seq):
     """Packed documents: segment boundaries at random places in every row."""
     rng = np.random.default_rng(0)
     out = []
     for _ in range(STEPS):
-        ids = rng.integers(0, Vocab.size, (BATCH, SEQ)).astype(np.int32)
-        starts = np.zeros((BATCH, SEQ), np.int32)
-        starts[:, rng.integers(1, SEQ, 6)] = 1
+        ids = rng.integers(0, Vocab.size, (BATCH, seq)).astype(np.int32)
+        starts = np.zeros((BATCH, seq), np.int32)
+        starts[:, rng.integers(1, seq, 6)] = 1
         out.append(lm_batch({"input_ids": ids, "segment_ids": np.cumsum(starts, axis=1).astype(np.int32)}))
     return out
 
 
-def train(model, devices, context=1):
+def train(model, devices, context=1, **layout):
     config = TrainerConfig(
         train_batch_size=BATCH,
         num_train_steps=STEPS,
         compilation_cache_dir=None,
         progress_bar=False,
         context_axis_size=context,
+        **layout,
     )
     trainer = Trainer(config, optax.adam(1e-2), lm_loss_fn(context=context), devices=devices)
     state = trainer.initial_state(lambda key: model.build(Vocab, key=key))
     losses = []
-    for batch in batches():
+    for batch in batches(model.seq_len):
         state, m = trainer.train_step(state, trainer.shard_batch(batch))
         losses.append(float(m["loss"]))
     return trainer, state, losses
@@ -69,10 +71,26 @@ def test_context_parallel_trains_like_one_device(name):
     _, ref_state, ref_losses = train(model, jax.devices()[:1])
     trainer, state, losses = train(model, jax.devices(), context=4)
     if model.attention_context_parallel == "ring":  # keys and values travel around the ring
-        hlo = trainer.compile_step(state, trainer.shard_batch(batches()[0])).as_text()
+        hlo = trainer.compile_step(state, trainer.shard_batch(batches(model.seq_len)[0])).as_text()
         assert "collective-permute" in hlo
     assert trainer.mesh.shape["context"] == 4
     assert trainer.mesh.shape["data"] == 2
+    np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)
+    for got, want in zip(leaves(state.model), leaves(ref_state.model), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.multidevice
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["allgather", "ring"])
+def test_context_composes_with_tensor_parallelism(mode):
+    """context 2 x model 2 (tensor parallel MLP and key/value heads) x data 2, at a shorter length."""
+    model = LlamaConfig(seq_len=64, attention_context_parallel=mode, **SMALL)
+    _, ref_state, ref_losses = train(model, jax.devices()[:1])
+    trainer, state, losses = train(
+        model, jax.devices(), context=2, model_axis_size=2, tensor_parallel_axes=["mlp", "kv_heads"]
+    )
+    assert trainer.mesh.shape["model"] == 2
     np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)
     for got, want in zip(leaves(state.model), leaves(ref_state.model), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
