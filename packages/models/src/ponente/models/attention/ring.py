@@ -94,32 +94,43 @@ def _ring_local(
     ks = None if k_seg is None else k_seg.reshape(s, -1)
     r = qf.shape[2]
 
-    m = jnp.full((s, lq, r), _NEG, jnp.float32)
-    l_sum = jnp.zeros((s, lq, r), jnp.float32)
-    acc = jnp.zeros((s, lq, r, d), jnp.float32)
     perm = [(i, (i + 1) % devices) for i in range(devices)]
-    for step in range(devices):
-        logits = jnp.einsum("sqrd,skd->sqrk", qf, kf.astype(jnp.float32)) * scale
+
+    # one block's merge, recomputed in the backward pass: only the running statistics and the blocks are kept, never
+    # the (queries x block) probabilities of every step
+    @jax.checkpoint
+    def merge(carry: tuple[jax.Array, ...], kb: jax.Array, vb: jax.Array, ki: jax.Array, kseg: Any) -> Any:
+        m, l_sum, acc = carry
+        logits = jnp.einsum("sqrd,skd->sqrk", qf, kb.astype(jnp.float32)) * scale
         if soft_cap is not None:
             logits = soft_cap * jnp.tanh(logits / soft_cap)
-        allowed = jnp.ones((1, lq, 1, k_idx.shape[0]), jnp.bool_)
+        allowed = jnp.ones((1, lq, 1, ki.shape[0]), jnp.bool_)
         if causal or window is not None:
-            allowed = allowed & (k_idx[None, None, None, :] <= q_idx[None, :, None, None])
+            allowed = allowed & (ki[None, None, None, :] <= q_idx[None, :, None, None])
         if window is not None:
-            allowed = allowed & (q_idx[None, :, None, None] - k_idx[None, None, None, :] < window)
-        if qs is not None and ks is not None:
-            allowed = allowed & (qs[:, :, None, None] == ks[:, None, None, :])
+            allowed = allowed & (q_idx[None, :, None, None] - ki[None, None, None, :] < window)
+        if qs is not None and kseg is not None:
+            allowed = allowed & (qs[:, :, None, None] == kseg[:, None, None, :])
         logits = jnp.where(allowed, logits, _NEG)
         m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
         p = jnp.exp(logits - m_new[..., None])
         corr = jnp.exp(m - m_new)
         l_sum = l_sum * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("sqrk,skd->sqrd", p, vf.astype(jnp.float32))
-        m = m_new
+        acc = acc * corr[..., None] + jnp.einsum("sqrk,skd->sqrd", p, vb.astype(jnp.float32))
+        return m_new, l_sum, acc
+
+    carry = (
+        jnp.full((s, lq, r), _NEG, jnp.float32),
+        jnp.zeros((s, lq, r), jnp.float32),
+        jnp.zeros((s, lq, r, d), jnp.float32),
+    )
+    for step in range(devices):
+        carry = merge(carry, kf, vf, k_idx, ks)
         if axis is not None and step < devices - 1:
             kf, vf, k_idx = (jax.lax.ppermute(x, axis, perm) for x in (kf, vf, k_idx))
             if ks is not None:
                 ks = jax.lax.ppermute(ks, axis, perm)
+    _, l_sum, acc = carry
     out = acc / l_sum[..., None]
     return out.reshape(*shared_shape, lq, *rest_shape, d).astype(v.dtype)
 
