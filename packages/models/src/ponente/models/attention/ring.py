@@ -141,7 +141,7 @@ def ring_attention(
     query: NamedArray,
     key: NamedArray,
     value: NamedArray,
-    mask: AttentionMask | None,
+    mask: AttentionMask | NamedArray | None,
     *,
     scaling_factor: float | None = None,
     logit_soft_cap: float | None = None,
