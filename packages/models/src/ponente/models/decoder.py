@@ -32,7 +32,7 @@ docs' "How to add a family").
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Protocol, Self
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -64,6 +64,7 @@ __all__ = [
     "Norm",
     "NormPlacement",
     "QkNormAttention",
+    "SelfAttentionLayer",
     "grouped_attention",
 ]
 
@@ -136,6 +137,24 @@ Norm = RmsNorm | GemmaRmsNorm
 """A block's normalization layer (``config.init_norm`` chooses)."""
 
 
+@runtime_checkable
+class SelfAttentionLayer(Protocol):
+    """A block's attention that computes itself, cache included (DeepSeek's multi-head latent attention): the block
+    calls :meth:`self_attend` instead of the grouped-query path of :func:`self_attention`."""
+
+    def self_attend(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        pos_ids: NamedArray | None,
+        cache: KvCache | None,
+    ) -> tuple[NamedArray, KvCache | None]:
+        """Attention of ``x`` (``(..., position, embed)``) over its positions, or (writing to it first) over
+        ``cache``; returns ``(the output after the output projection, the updated cache or None)``."""
+        ...
+
+
 class DecoderConfig(Protocol):
     """What the decoder reads of a family's config (every :class:`~ponente.models.LlamaConfig` provides it)."""
 
@@ -167,7 +186,7 @@ class DecoderConfig(Protocol):
     def attention_windows(self) -> tuple[int | None, ...]: ...
     def sliding_layers(self) -> tuple[bool, ...]: ...
     def init_norm(self, axis: Axis) -> Norm: ...
-    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention: ...
+    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention | SelfAttentionLayer: ...
     def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp: ...
 
 
@@ -355,7 +374,7 @@ def _head_sinks(layer: Attention | QkNormAttention, q: NamedArray) -> NamedArray
 
 
 def self_attention(
-    layer: Attention | QkNormAttention,
+    layer: Attention | QkNormAttention | SelfAttentionLayer,
     x: NamedArray,
     mask: AttentionMask | NamedArray | None,
     sliding_mask: AttentionMask | NamedArray | None = None,
@@ -381,6 +400,9 @@ def self_attention(
     Returns:
         ``((..., position, embed), the updated cache or None)``.
     """
+    if not isinstance(layer, (Attention, QkNormAttention)):
+        # a layer of its own kind (no sliding windows): it projects, rotates, caches and attends itself
+        return layer.self_attend(x, mask, pos_ids=pos_ids, cache=cache)
     a = layer.attn if isinstance(layer, QkNormAttention) else layer
     Pos = x.resolve_axis("position")
     local_rotary = layer.local_rotary if isinstance(layer, QkNormAttention) else None
@@ -421,7 +443,7 @@ class DecoderBlock(eqx.Module):
     """
 
     input_layernorm: Norm | None
-    self_attn: Attention | QkNormAttention
+    self_attn: Attention | QkNormAttention | SelfAttentionLayer
     post_attention_layernorm: Norm
     pre_feedforward_layernorm: Norm | None
     mlp: GatedMlp | None
