@@ -45,7 +45,8 @@ class DeepseekV3Config(LlamaConfig):
     first ``first_k_dense_replace`` with a dense SwiGLU MLP and the others with a mixture of experts.
 
     ``intermediate_dim`` is the dense MLP's size; ``num_kv_heads`` must equal ``num_heads`` (MLA expands the latent
-    into every head) and ``head_dim`` is unused. What is new:
+    into every head) and ``head_dim`` is ``qk_rope_head_dim`` (as transformers sets it; MLA's heads have their own
+    sizes). What is new:
 
     - **MLA** (:class:`LatentAttention`): queries through a low-rank bottleneck (``q_lora_rank``, or one projection
       when None); keys and values from one shared latent of ``kv_lora_rank`` plus one rotary key of
@@ -109,6 +110,8 @@ class DeepseekV3Config(LlamaConfig):
     feed_forward_keys: ClassVar[int] = 3
 
     def __post_init__(self) -> None:
+        if self.head_dim is None:  # as transformers: the rotary part (the heads' sizes are MLA's own fields)
+            object.__setattr__(self, "head_dim", self.qk_rope_head_dim)
         super().__post_init__()
         name = type(self).__name__
         check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
