@@ -254,15 +254,15 @@ def test_lora_adapts_mla_and_mlps_and_starts_as_the_base() -> None:
     adapted = loraize(model, LoraConfig(r=2), key=jax.random.key(0))
     names = {n for site in lora_sites(adapted, adapted=True) for n in site.short_names}
     mla = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
-    assert mla <= names and "gate" not in names, names
+    assert mla <= names, names
+    assert "gate" not in names
     ids = _ids(seed=3)
     with torch.no_grad():
         expected = hf(torch.tensor(ids)).logits.numpy()
     # adapters start at zero: the adapted model is the base
     np.testing.assert_allclose(np.asarray(_forward(adapted, _named(ids)).array), expected, atol=TOL, rtol=0)
-    only = loraize(model, LoraConfig(r=2, target_modules=["kv_b_proj"]), key=jax.random.key(1))
-    assert {n for s in lora_sites(only, adapted=True) for n in s.short_names} == {"kv_b_proj"}
-    assert merge_lora(only).transformer.layers.stacked.self_attn.kv_b_proj.weight.shape == (
+    merged = merge_lora(adapted)
+    assert merged.transformer.layers.stacked.self_attn.kv_b_proj.weight.shape == (
         model.transformer.layers.stacked.self_attn.kv_b_proj.weight.shape
     )
 
@@ -296,4 +296,5 @@ def test_config_checks_defaults_and_round_trip() -> None:
     default = DeepseekV3Config.from_hf_config(transformers.DeepseekV3Config().to_dict())
     assert (default.num_layers, default.num_experts, default.n_group, default.topk_group) == (61, 256, 8, 4)
     assert (default.q_lora_rank, default.kv_lora_rank, default.first_k_dense_replace) == (1536, 512, 3)
-    assert default.routed_scaling_factor == 2.5 and default.rope_interleave
+    assert default.routed_scaling_factor == 2.5
+    assert default.rope_interleave

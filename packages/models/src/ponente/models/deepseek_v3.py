@@ -22,8 +22,8 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 from .attention import AttentionMask
 from .attention.kv_cache import CACHE_POSITION, KvCache, take_positions
 from .config import lm_flops_per_token, padded_vocab_size, register_config
-from .decoder import DecoderBlock, DecoderLM, DecoderStack, GatedMlp, _block_step
-from .llama import LlamaConfig
+from .decoder import DecoderBlock, DecoderStack, GatedMlp, _block_step
+from .llama import LlamaConfig, LlamaLMHeadModel
 from .moe import TOP_K, MoeMlp, RouterOutput, check_moe_fields
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
@@ -78,9 +78,22 @@ class DeepseekV3Config(LlamaConfig):
     Example:
         >>> import jax, ponente.namedtensor as hax
         >>> cfg = DeepseekV3Config(
-        ...     seq_len=8, hidden_dim=16, intermediate_dim=32, num_layers=2, num_heads=2, num_kv_heads=2,
-        ...     num_experts=4, num_experts_per_tok=2, moe_intermediate_dim=8, n_group=2, topk_group=1,
-        ...     first_k_dense_replace=1, q_lora_rank=8, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
+        ...     seq_len=8,
+        ...     hidden_dim=16,
+        ...     intermediate_dim=32,
+        ...     num_layers=2,
+        ...     num_heads=2,
+        ...     num_kv_heads=2,
+        ...     num_experts=4,
+        ...     num_experts_per_tok=2,
+        ...     moe_intermediate_dim=8,
+        ...     n_group=2,
+        ...     topk_group=1,
+        ...     first_k_dense_replace=1,
+        ...     q_lora_rank=8,
+        ...     kv_lora_rank=8,
+        ...     qk_rope_head_dim=4,
+        ...     qk_nope_head_dim=4,
         ...     v_head_dim=4,
         ... )
         >>> state = cfg.build(hax.Axis("vocab", 11), key=jax.random.key(0)).to_hf_state_dict()
@@ -406,9 +419,10 @@ class LatentAttention(ModuleWithStateDictSerialization):
         Pos = x.resolve_axis("position")
         if self.q_proj is not None:
             q = self.q_proj(x)
-        else:
-            assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
+        elif self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            raise ValueError("LatentAttention: needs q_proj, or q_a_proj, q_a_layernorm and q_b_proj")
         q_nope, q_rope = _split(q, "qk_head_size", (nope, rope), ("nope_head_size", "rope_head_size"))
         latent, k_rope = _split(self.kv_a_proj_with_mqa(x), "kv_a", (r, rope), ("latent", "rope_head_size"))
         latent = self.kv_a_layernorm(latent)
@@ -600,7 +614,7 @@ _PER_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.
 _FUSED = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)$")
 
 
-class DeepseekV3LMHeadModel(DecoderLM):
+class DeepseekV3LMHeadModel(LlamaLMHeadModel):
     """DeepSeek-V3: the shared decoder's blocks with :class:`LatentAttention`; the first ``first_k_dense_replace``
     blocks with a dense SwiGLU, the others with :class:`SharedExpertsMoe`, run as two scanned stacks one after the
     other (the dense one first), both reading and writing one KV cache stacked over every layer.
@@ -617,7 +631,7 @@ class DeepseekV3LMHeadModel(DecoderLM):
 
     @classmethod
     def init(cls, config: Any, Vocab: Axis, *, key: jax.Array) -> Self:
-        """Create a randomly initialized model (see :meth:`DecoderLM.init`)."""
+        """Create a randomly initialized model (see :meth:`~ponente.models.decoder.DecoderLM.init`)."""
         k_emb, k_dense, k_layers, k_head = jax.random.split(key, 4)
         PaddedVocab = config.padded_vocab(Vocab)
         k = config.first_k_dense_replace
@@ -639,7 +653,9 @@ class DeepseekV3LMHeadModel(DecoderLM):
             norm=config.init_norm(config.Embed),
             dense_layers=dense,
         )
-        lm_head = None if config.tie_word_embeddings else Linear.init(config.Embed, PaddedVocab, key=k_head, use_bias=False)
+        lm_head = (
+            None if config.tie_word_embeddings else Linear.init(config.Embed, PaddedVocab, key=k_head, use_bias=False)
+        )
         return cls(transformer=transformer, lm_head=lm_head, config=config, vocab_size=Vocab.size)
 
     def _run(
@@ -780,4 +796,3 @@ class DeepseekV3LMHeadModel(DecoderLM):
                 )
             out[key] = np.stack([np.asarray(experts[e]) for e in range(len(experts))])
         return super().from_hf_state_dict(out)
-
