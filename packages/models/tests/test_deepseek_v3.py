@@ -278,7 +278,11 @@ def test_config_checks_defaults_and_round_trip() -> None:
     cfg = DeepseekV3Config.from_hf_config(hf)
     assert config_for_type("deepseek_v3") is DeepseekV3Config
     assert DeepseekV3Config.from_hf_config(cfg.to_hf_config(VOCAB)) == cfg
-    assert cfg.flops_per_token(VOCAB) > 0
+    # per layer: q (32 -> 16 -> 4x12), kv (32 -> 12+4, 12 -> 4x(8+6)), o (4x6 -> 32), scores and values over 64
+    # positions; one dense MLP (48), two MoE blocks (2 routed + 1 shared expert of 12, router over 8); the head
+    attn = 2 * (16 * (32 + 4 * 12) + 32 * 16 + 12 * 4 * 14 + 4 * 6 * 32) + 2 * 64 * 4 * (12 + 6)
+    mlp = 6 * 32 * 48 + 2 * (6 * 32 * 12 * 3 + 2 * 32 * 8)
+    assert cfg.flops_per_token(VOCAB) == 3 * attn + mlp + 2 * 32 * VOCAB
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "num_key_value_heads": 2}), "num_kv_heads")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "n_group": 3}), "n_group")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "topk_group": 3}), "topk_group")
