@@ -3,6 +3,7 @@ greedy decoding through the latent KV cache vs ``generate``, LoRA, and the confi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,7 @@ def test_config_checks_defaults_and_round_trip() -> None:
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "kv_lora_rank": 0}), "kv_lora_rank")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "n_shared_experts": 0}), "n_shared_experts")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "hidden_act": "gelu"}), "hidden_act")
+    _error(lambda: dataclasses.replace(cfg, attn_backend="flash"), "attn_backend")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "attention_dropout": 0.1}), "attention_dropout")
     # transformers' defaults (DeepSeek-V3's published shape)
     default = DeepseekV3Config.from_hf_config(transformers.DeepseekV3Config().to_dict())

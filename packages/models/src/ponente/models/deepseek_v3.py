@@ -128,6 +128,11 @@ class DeepseekV3Config(LlamaConfig):
         super().__post_init__()
         name = type(self).__name__
         check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
+        if self.attn_backend not in ("auto", "reference"):
+            raise ValueError(
+                f"{name}: attn_backend {self.attn_backend!r} is not supported: multi-head latent attention computes "
+                "its scores itself, as the 'reference' backend does (use 'auto' or 'reference')"
+            )
         if self.num_kv_heads != self.num_heads:
             raise ValueError(
                 f"{name}: num_kv_heads ({self.num_kv_heads}) must equal num_heads ({self.num_heads}): MLA expands "
