@@ -36,7 +36,7 @@ docs' "How to add a family").
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Protocol, Self
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -72,6 +72,7 @@ __all__ = [
     "Norm",
     "NormPlacement",
     "QkNormAttention",
+    "SelfAttentionLayer",
     "block_forward",
     "grouped_attention",
 ]
@@ -149,6 +150,24 @@ Norm = RmsNorm | GemmaRmsNorm | LayerNorm
 """A block's normalization layer (``config.init_norm`` chooses; GPT-2: LayerNorm with a bias)."""
 
 
+@runtime_checkable
+class SelfAttentionLayer(Protocol):
+    """A block's attention that computes itself, cache included (DeepSeek's multi-head latent attention): the block
+    calls :meth:`self_attend` instead of the grouped-query path of :func:`self_attention`."""
+
+    def self_attend(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        pos_ids: NamedArray | None,
+        cache: KvCache | None,
+    ) -> tuple[NamedArray, KvCache | None]:
+        """Attention of ``x`` (``(..., position, embed)``) over its positions, or (writing to it first) over
+        ``cache``; returns ``(the output after the output projection, the updated cache or None)``."""
+        ...
+
+
 class DecoderConfig(Protocol):
     """What the decoder reads of a family's config (every :class:`~ponente.models.LlamaConfig` provides it)."""
 
@@ -180,7 +199,9 @@ class DecoderConfig(Protocol):
     def attention_windows(self) -> tuple[int | None, ...]: ...
     def sliding_layers(self) -> tuple[bool, ...]: ...
     def init_norm(self, axis: Axis) -> Norm: ...
-    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention | FusedQkvAttention: ...
+    def init_attention(
+        self, *, key: jax.Array
+    ) -> Attention | QkNormAttention | FusedQkvAttention | SelfAttentionLayer: ...
     def init_feed_forward(self, keys: jax.Array) -> GatedMlp | Mlp | MoeMlp: ...
 
 
@@ -388,7 +409,7 @@ class QkNormAttention(ModuleWithStateDictSerialization):
 
 _Qkv = tuple[NamedArray, NamedArray, NamedArray]
 
-AttentionLayer = Attention | QkNormAttention | FusedQkvAttention
+AttentionLayer = Attention | QkNormAttention | FusedQkvAttention | SelfAttentionLayer
 """A block's attention (``config.init_attention`` chooses)."""
 
 
@@ -526,6 +547,9 @@ def self_attention(
     """
     if isinstance(layer, FusedQkvAttention):
         return _fused_self_attention(layer, x, mask, pos_ids, cache, layer_idx, key)
+    if not isinstance(layer, (Attention, QkNormAttention)):
+        # a layer of its own kind (no sliding windows): it projects, rotates, caches and attends itself
+        return layer.self_attend(x, mask, pos_ids=pos_ids, cache=cache)
     a = layer.attn if isinstance(layer, QkNormAttention) else layer
     Pos = x.resolve_axis("position")
     local_rotary = layer.local_rotary if isinstance(layer, QkNormAttention) else None
