@@ -669,9 +669,12 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
         attn_mask: AttentionMask | NamedArray | None,
         pos_ids: NamedArray | None,
         cache: KvCache | None = None,
+        *,
+        key: jax.Array | None = None,
     ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
+        del key  # no dropout
         mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        x = self._embed(input_ids)
+        x = self._embed(input_ids, pos_ids)
         if cache is not None:
             cache = cache.at_layer(0)
         routing = None
@@ -680,9 +683,10 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
             if stack is None:
                 continue
             n = stack.Block.size
-            layer_ids = None if cache is None else hax.named(jnp.arange(first, first + n), "layers")
+            # absolute layer numbers: each block's slot in the one cache that covers both stacks
+            layer_ids = hax.named(jnp.arange(first, first + n, dtype=jnp.int32), stack.Block.name)
             (x, cache), routing = stack.scan_via(_block_step, unroll=self.config.layer_unroll)(
-                (x, cache), layer_ids, mask, mask, False, window=None, pos_ids=pos_ids
+                (x, cache), layer_ids, None, mask, mask, False, window=None, pos_ids=pos_ids
             )
             first += n
         return self.transformer.norm(x), cache, routing
