@@ -102,8 +102,8 @@ def test_loss_equals_the_numpy_reference_on_a_fixed_batch(loss: str, kl_coef: fl
         adv, mask, loss, kl_coef, 10,
     )
     assert float(value) == pytest.approx(expected, abs=2e-6, rel=1e-5)
-    assert float(metrics["rl/kl"]) == pytest.approx(kl, abs=1e-6)
-    assert float(metrics["rl/clip_fraction"]) == pytest.approx(clip_fraction, abs=1e-6)
+    assert float(metrics["train/rl/kl"]) == pytest.approx(kl, abs=1e-6)
+    assert float(metrics["train/rl/clip_fraction"]) == pytest.approx(clip_fraction, abs=1e-6)
     if loss != "rloo":
         assert 0.0 < clip_fraction < 1.0  # the batch exercises the clip
 

@@ -110,7 +110,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     max_completion_length: int = 1,
 ) -> tuple[Any, dict[str, Any]]:
-    """The clipped policy-gradient objective of a batch of completions, and its ``rl/kl``, ``rl/clip_fraction``.
+    """The clipped policy-gradient objective of a batch of completions, and its ``train/rl/kl``, ``train/rl/clip_fraction``.
 
     Arrays are ``[completions, positions]``, aligned on the predicted token (``mask`` is 1 where the position
     predicts a completion token); ``advantages`` is ``[completions]``. With ``r = exp(logp - old_logp)``:
@@ -122,8 +122,8 @@ def policy_loss(
     - ``rloo``: the sequence-level ratio ``R = exp(sum logp - sum old_logp)``, ``-min(R A, clip(R) A)`` averaged
       over completions (+ ``kl_coef`` times the per-completion token mean of k3).
 
-    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (needs ``ref_logp``, which gets no gradient). ``rl/kl`` is the mean
-    k3 over completion tokens (0 without a reference); ``rl/clip_fraction`` the fraction of completion tokens
+    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (needs ``ref_logp``, which gets no gradient). ``train/rl/kl`` is the mean
+    k3 over completion tokens (0 without a reference); ``train/rl/clip_fraction`` the fraction of completion tokens
     (sequences, for ``rloo``) whose ratio the clip holds (``r < 1-eps`` with ``A < 0``, or ``r > 1+eps`` with
     ``A > 0``).
     """
@@ -160,7 +160,7 @@ def policy_loss(
         clip_fraction = (((ratio < lo) & (adv < 0)) | ((ratio > hi) & (adv > 0))).mean(dtype=jnp.float32)
     else:
         raise ValueError(f"rl.loss: expected one of {', '.join(RL_LOSSES)}, got {loss!r}")
-    return value, {"rl/kl": kl, "rl/clip_fraction": clip_fraction}
+    return value, {"train/rl/kl": kl, "train/rl/clip_fraction": clip_fraction}
 
 
 def token_logprobs(model: Any, tokens: hax.NamedArray, mask: hax.NamedArray, *, key: Any) -> Any:
@@ -502,7 +502,9 @@ class RlTask(Task):
             if info.step % every == 0:
                 self.engine.update_weights(context.eval_model(self.policy(info.state.model)))
 
-        return [after_step]
+        from ponente.trainer.callbacks import as_hook
+
+        return [as_hook(after_step)]
 
     # -- exports --------------------------------------------------------------------------------------------------
     def export(self, model: Any, subfolder: str | None) -> dict[str, str]:
