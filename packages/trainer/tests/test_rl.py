@@ -208,6 +208,7 @@ def _merged(tmp_path: Path) -> dict[int, dict]:
     return by_step
 
 
+@pytest.mark.integration
 def test_rl_run_logs_the_metrics_and_exports(tmp_path: Path, tiny_llama: Path) -> None:
     import transformers
 
@@ -226,16 +227,31 @@ def test_rl_run_logs_the_metrics_and_exports(tmp_path: Path, tiny_llama: Path) -
     transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
 
 
-def test_rl_stopped_and_resumed_matches_an_uninterrupted_run_bitwise(tmp_path: Path, tiny_llama: Path) -> None:
+LENGTH_REWARD = """
+def text_length(prompt, completion, example):
+    return len(completion) / 10.0
+"""
+
+
+@pytest.mark.integration
+def test_rl_stopped_and_resumed_matches_an_uninterrupted_run_bitwise(
+    tmp_path: Path, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rollouts are keyed by step: a run stopped after 2 of 3 steps and resumed logs the same rewards and losses and
-    exports the same weights as an uninterrupted run."""
+    exports the same weights as an uninterrupted run (a reward of the text's length, from a module on the path, so
+    the advantages are not zero and the weights move)."""
+    (tmp_path / "length_reward_for_rl_test.py").write_text(LENGTH_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     for where, steps in ((whole, 3), (parts, 2), (parts, 3)):
         where.mkdir(exist_ok=True)
-        assert train_rl.main(_overrides(where, tiny_llama, steps, f"--hf_save_path={where / 'hf'}")) == 0
+        extra = (f"--hf_save_path={where / 'hf'}", "--reward.function=length_reward_for_rl_test:text_length")
+        assert train_rl.main(_overrides(where, tiny_llama, steps, *extra)) == 0
     keys = ("train/loss", "train/rl/reward_mean", "train/rl/completion_length")
     a = {s: tuple(r[k] for k in keys) for s, r in _merged(whole).items() if "train/loss" in r}
     b = {s: tuple(r[k] for k in keys) for s, r in _merged(parts).items() if "train/loss" in r}
     assert a == b
     assert sorted(b) == [1, 2, 3]
     assert (whole / "hf" / "model.safetensors").read_bytes() == (parts / "hf" / "model.safetensors").read_bytes()
+    assert any(loss != 0.0 for loss, *_ in a.values()), a
+    assert len({reward for _, reward, _ in a.values()}) > 1, a  # the rollouts differ from step to step
