@@ -199,10 +199,11 @@ def read_examples(urls: Sequence[str], prompt_field: str = "prompt") -> list[dic
     import fsspec
 
     from ponente.trainer.config import ConfigError
+    from ponente.trainer.data.cache_build import resolve_url
 
     rows: list[dict[str, Any]] = []
     for url in urls:
-        for path in fsspec.open_files(url, mode="rt", compression="infer", encoding="utf-8"):
+        for path in fsspec.open_files(resolve_url(url), mode="rt", compression="infer", encoding="utf-8"):
             with path as f:
                 for number, line in enumerate(f, 1):
                     if not line.strip():
