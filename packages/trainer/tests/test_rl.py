@@ -40,7 +40,7 @@ def _np_advantages(rewards: list[float], group: int, loss: str) -> list[float]:
     return out
 
 
-def _np_loss(logp, old, ref, adv, mask, loss, kl_coef, max_len):  # noqa: ANN001, ANN202
+def _np_loss(logp, old, ref, adv, mask, loss, kl_coef, max_len):
     n, t = logp.shape
     k3 = np.zeros_like(logp)
     if ref is not None:
@@ -98,8 +98,14 @@ def test_loss_equals_the_numpy_reference_on_a_fixed_batch(loss: str, kl_coef: fl
         logp, old, adv, mask, loss=loss, clip_epsilon=EPS, ref_logp=with_ref, kl_coef=kl_coef, max_completion_length=10
     )
     expected, kl, clip_fraction = _np_loss(
-        logp.astype(np.float64), old.astype(np.float64), None if with_ref is None else ref.astype(np.float64),
-        adv, mask, loss, kl_coef, 10,
+        logp.astype(np.float64),
+        old.astype(np.float64),
+        None if with_ref is None else ref.astype(np.float64),
+        adv,
+        mask,
+        loss,
+        kl_coef,
+        10,
     )
     assert float(value) == pytest.approx(expected, abs=2e-6, rel=1e-5)
     assert float(metrics["train/rl/kl"]) == pytest.approx(kl, abs=1e-6)
@@ -217,8 +223,15 @@ def test_rl_run_logs_the_metrics_and_exports(tmp_path: Path, tiny_llama: Path) -
     steps = _merged(tmp_path)
     for step in (1, 2):
         record = steps[step]
-        for name in ("reward_mean", "reward_std", "kl", "clip_fraction", "completion_length", "rollout_seconds",
-                     "train_seconds"):
+        for name in (
+            "reward_mean",
+            "reward_std",
+            "kl",
+            "clip_fraction",
+            "completion_length",
+            "rollout_seconds",
+            "train_seconds",
+        ):
             assert f"train/rl/{name}" in record, (step, sorted(record))
         assert 1 <= record["train/rl/completion_length"] <= 6
         assert math.isfinite(record["train/loss"])

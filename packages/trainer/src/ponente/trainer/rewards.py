@@ -62,7 +62,10 @@ def math_answer(prompt: str, completion: str, example: Mapping[str, Any]) -> flo
     (commas dropped; ``a/b`` fractions read as numbers). A non-numeric ``answer`` is compared as text.
 
     Example:
-        >>> math_answer("", "so the total is 1,200.", {"answer": "1200"}), math_answer("", r"\boxed{3/4}", {"answer": 0.75})
+        >>> (
+        ...     math_answer("", "so the total is 1,200.", {"answer": "1200"}),
+        ...     math_answer("", r"\boxed{3/4}", {"answer": 0.75}),
+        ... )
         (1.0, 1.0)
     """
     boxed = _BOXED.findall(completion)
@@ -95,15 +98,13 @@ def load_reward(spec: str, *, key: str = "reward.function") -> RewardFn:
         return PACKAGED_REWARDS[spec]
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
-        raise ConfigError(
-            f"{key}: expected 'module:name' or one of {', '.join(PACKAGED_REWARDS)}, got {spec!r}"
-        )
+        raise ConfigError(f"{key}: expected 'module:name' or one of {', '.join(PACKAGED_REWARDS)}, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an ImportError, or any error the module raises while importing
+        first = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError(
-            f"{key}: cannot import {module_name!r} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            "is its folder on PYTHONPATH?"
+            f"{key}: cannot import {module_name!r} ({type(exc).__name__}: {first}); is its folder on PYTHONPATH?"
         ) from exc
     fn = module
     for part in name.split("."):

@@ -92,7 +92,9 @@ class RlConfig:
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
-            raise ValueError(f"group_size: expected >= 2 (advantages compare a prompt's completions), got {self.group_size}")
+            raise ValueError(
+                f"group_size: expected >= 2 (advantages compare a prompt's completions), got {self.group_size}"
+            )
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected >= 1, got {self.max_new_tokens}")
         if not self.temperature > 0:

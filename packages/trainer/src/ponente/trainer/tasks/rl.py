@@ -110,7 +110,8 @@ def policy_loss(
     kl_coef: float = 0.0,
     max_completion_length: int = 1,
 ) -> tuple[Any, dict[str, Any]]:
-    """The clipped policy-gradient objective of a batch of completions, and its ``train/rl/kl``, ``train/rl/clip_fraction``.
+    """The clipped policy-gradient objective of a batch of completions, and the metrics ``train/rl/kl`` and
+    ``train/rl/clip_fraction``.
 
     Arrays are ``[completions, positions]``, aligned on the predicted token (``mask`` is 1 where the position
     predicts a completion token); ``advantages`` is ``[completions]``. With ``r = exp(logp - old_logp)``:
@@ -122,9 +123,9 @@ def policy_loss(
     - ``rloo``: the sequence-level ratio ``R = exp(sum logp - sum old_logp)``, ``-min(R A, clip(R) A)`` averaged
       over completions (+ ``kl_coef`` times the per-completion token mean of k3).
 
-    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (needs ``ref_logp``, which gets no gradient). ``train/rl/kl`` is the mean
-    k3 over completion tokens (0 without a reference); ``train/rl/clip_fraction`` the fraction of completion tokens
-    (sequences, for ``rloo``) whose ratio the clip holds (``r < 1-eps`` with ``A < 0``, or ``r > 1+eps`` with
+    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (needs ``ref_logp``, which gets no gradient). ``train/rl/kl`` is the
+    mean k3 over completion tokens (0 without a reference); ``train/rl/clip_fraction`` the fraction of completion
+    tokens (sequences, for ``rloo``) whose ratio the clip holds (``r < 1-eps`` with ``A < 0``, or ``r > 1+eps`` with
     ``A > 0``).
     """
     import jax
@@ -273,7 +274,9 @@ class RlTask(Task):
         from ponente.trainer.config import ConfigError
 
         if not config.initialize_from_hf:
-            raise ConfigError("initialize_from_hf: RL starts from a trained model; set a Hugging Face folder or hub id")
+            raise ConfigError(
+                "initialize_from_hf: RL starts from a trained model; set a Hugging Face folder or hub id"
+            )
         self.rl = config.rl
         batch = config.trainer.train_batch_size
         if batch % self.rl.group_size:
@@ -325,6 +328,7 @@ class RlTask(Task):
             return prompt
         if not getattr(self, "_template", None):
             import jinja2.sandbox
+
             from ponente.trainer.data.templates import read_template, tokenizer_chat_defaults
 
             source = self.config.data.tokenizer or self.initialize_from_hf
