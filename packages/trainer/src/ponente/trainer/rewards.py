@@ -113,4 +113,4 @@ def load_reward(spec: str, *, key: str = "reward.function") -> RewardFn:
         fn = getattr(fn, part)
     if not callable(fn):
         raise ConfigError(f"{key}: {spec} is not callable (a reward is (prompt, completion, example) -> float)")
-    return fn  # type: ignore[return-value]
+    return fn
