@@ -164,6 +164,16 @@ def test_a_reward_that_does_not_load_is_one_line_naming_the_key_before_any_model
     assert words in err[0]
 
 
+def test_the_packaged_config_parses() -> None:
+    from ponente.trainer.config import load_config
+
+    config = load_config(train_rl.TrainRlConfig, "rl_arithmetic")
+    assert config.rl.group_size == 8
+    assert config.reward.function == "exact_match"
+    assert config.trainer.train_batch_size % config.rl.group_size == 0
+    assert config.data.train_urls == ["package://ponente.trainer.assets/tiny_arithmetic.jsonl"]
+
+
 # -- runs --------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
