@@ -487,8 +487,17 @@ class RlTask(Task):
         trainer = context.trainer
         if context.state is None:
             raise RuntimeError("RlTask.hooks: the run context has no state to build the engine from")
+
+        def weights(model: Any) -> Any:
+            # the engine's own copy: the training step donates the state's buffers (and may alias the cast model)
+            import equinox as eqx
+            import jax
+
+            cast = context.eval_model(self.policy(model))
+            return jax.tree_util.tree_map(lambda x: x.copy() if eqx.is_array(x) else x, cast)
+
         self.engine = Engine(
-            context.eval_model(self.policy(context.state.model)),
+            weights(context.state.model),
             self.tokenizer,
             max_batch_size=self.rl.rollout_batch_size or trainer.config.train_batch_size,
             max_seq_len=self.seq_len,
@@ -505,7 +514,7 @@ class RlTask(Task):
             metrics["train/rl/train_seconds"] = float(info.step_seconds)
             context.tracker.log(metrics, step=info.step)
             if info.step % every == 0:
-                self.engine.update_weights(context.eval_model(self.policy(info.state.model)))
+                self.engine.update_weights(weights(info.state.model))
 
         from ponente.trainer.callbacks import as_hook
 
