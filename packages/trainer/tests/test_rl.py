@@ -250,6 +250,19 @@ def test_rl_run_logs_the_metrics_and_exports(tmp_path: Path, tiny_llama: Path) -
     transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
 
 
+@pytest.mark.integration
+def test_rl_off_policy_sync_every_2_with_a_kl_reference(tmp_path: Path, tiny_llama: Path) -> None:
+    """``sync_every: 2``: the engine keeps its own weights while the state's buffers are donated; the rollout of step
+    2 comes from the weights of step 0 (off-policy: the ratio moves), that of step 3 from the synced ones (ratio 1);
+    the KL to the reference is 0 at step 1 only."""
+    extra = ("--rl.sync_every=2", "--rl.kl_coef=0.05", "--rl.loss=rloo", "--optimizer.learning_rate=1e-2")
+    assert train_rl.main(_overrides(tmp_path, tiny_llama, 3, *extra)) == 0
+    steps = _merged(tmp_path)
+    assert steps[1]["train/rl/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert steps[2]["train/rl/kl"] > 0.0
+    assert steps[3]["train/rl/clip_fraction"] == 0.0  # on policy again after the sync
+
+
 LENGTH_REWARD = """
 def text_length(prompt, completion, example):
     return len(completion) / 10.0
