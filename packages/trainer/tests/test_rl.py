@@ -7,6 +7,7 @@ runs go through ``train_rl.main(argv)`` on a tiny random Hugging Face Llama.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 from pathlib import Path
@@ -315,3 +316,25 @@ def test_rl_stopped_and_resumed_matches_an_uninterrupted_run_bitwise(
     assert (whole / "hf" / "model.safetensors").read_bytes() == (parts / "hf" / "model.safetensors").read_bytes()
     assert any(loss != 0.0 for loss, *_ in a.values()), a
     assert len({reward for _, reward, _ in a.values()}) > 1, a  # the rollouts differ from step to step
+
+
+def test_chat_prompts_are_rendered_as_transformers_renders_them(tiny_llama: Path) -> None:
+    """A prompt that is a list of messages is rendered by the chat template with the generation prompt, as
+    ``transformers``' ``apply_chat_template(..., add_generation_prompt=True, tokenize=False)`` renders it."""
+    import types
+
+    import transformers
+
+    from ponente.trainer.tasks.rl import RlTask
+
+    template = importlib.resources.files("ponente.trainer.assets").joinpath("tiny_chat_template.jinja").read_text()
+    task = RlTask.__new__(RlTask)
+    task.initialize_from_hf = str(tiny_llama)
+    data = types.SimpleNamespace(tokenizer=None, chat_template=template)
+    task.config = types.SimpleNamespace(data=data)  # type: ignore[assignment]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny_llama / "tokenizer.json"))
+    tokenizer.chat_template = template
+    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert task._render(messages) == expected
+    assert task._render("2+3=") == "2+3="
