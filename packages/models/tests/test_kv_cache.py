@@ -340,6 +340,22 @@ HF_MODELS: dict[str, Callable[[], Any]] = {
     "mixtral": lambda: transformers.MixtralForCausalLM(
         transformers.MixtralConfig(**_HF_SIZES, num_local_experts=4, num_experts_per_tok=2)
     ),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=HF_VOCAB,
+            n_positions=32,
+            n_embd=32,
+            n_inner=48,
+            n_layer=2,
+            n_head=4,
+            initializer_range=0.3,
+            scale_attn_by_inverse_layer_idx=True,
+            embd_pdrop=0.0,
+            resid_pdrop=0.0,
+            attn_pdrop=0.0,
+            attn_implementation="eager",
+        )
+    ),
 }
 NEW_TOKENS = 12
 

@@ -25,6 +25,7 @@ from ponente.trainer.data import (
     build_datasets,
 )
 from ponente.trainer.data.tokens import TokenizerSpec
+from ponente.trainer.main.train_rl import RlDataConfig
 
 DOCS = Path(__file__).parents[3] / "docs" / "trainer" / "docs"
 TOKENIZER = "package://ponente.trainer.assets/shakespeare_tokenizer.json"
@@ -38,6 +39,11 @@ class _Run:
 @dataclasses.dataclass(frozen=True)
 class _SpeechRun:
     data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RlRun:
+    data: RlDataConfig = dataclasses.field(default_factory=RlDataConfig)
 
 
 def _load(data: dict[str, Any], run: type[Any] = _Run) -> Any:
@@ -61,6 +67,9 @@ def test_every_packaged_data_section_loads_unchanged(name: str) -> None:
     data = read_config_file(name)["data"]
     if name.startswith("whisper"):
         assert isinstance(_load(data, _SpeechRun), AsrDatasetConfig)
+        return
+    if name.startswith("rl_"):  # prompts for ponente-rl: jsonl rows, not an LM data format
+        assert _load(data, _RlRun) == RlDataConfig(**data)
         return
     cfg = _load(data)
     if name in PACKAGED_FORMATS:

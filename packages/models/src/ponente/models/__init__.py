@@ -21,6 +21,7 @@ from .config import (
     registered_types,
 )
 from .decoder import QkNormAttention
+from .deepseek_v3 import DeepseekV3Config, DeepseekV3LMHeadModel
 from .gemma import GemmaConfig, GemmaLayout, GemmaLMHeadModel, GemmaRmsNorm
 from .gemma2 import Gemma2Config
 from .gemma3 import Gemma3Config
@@ -53,6 +54,8 @@ __all__ = [
     "MOE_DISPATCHES",
     "Attention",
     "AttentionMask",
+    "DeepseekV3Config",
+    "DeepseekV3LMHeadModel",
     "Gemma2Config",
     "Gemma3Config",
     "GemmaConfig",

@@ -10,16 +10,20 @@ self-attention then a feed-forward network, both residual; the family's config c
   ``x + norm(attn(norm(x)))``, ``x + norm(mlp(norm(x)))``);
 - **attention** (``config.init_attention``): grouped-query :class:`~ponente.models.attention.Attention`, with biases
   or not, or :class:`QkNormAttention` (RMS-normalized queries and keys, per head or over all heads; optionally its
-  own rotary for sliding layers, a logit scale and a logit soft cap);
+  own rotary for sliding layers, a logit scale and a logit soft cap), or :class:`FusedQkvAttention` (one fused
+  query/key/value projection with biases and no rotary: GPT-2);
 - **sliding windows** (``config.sliding_layers()``, ``config.attention_windows()``): per layer whether it slides,
   and the window; a stack mixing both kinds stays one scan and picks the mask (and rotary) per layer
   (:func:`~ponente.models._layer_types.select_by_kind`);
 - **feed-forward** (``config.init_feed_forward``): a gated :class:`GatedMlp` (SwiGLU or GeGLU; state-dict key
-  ``mlp``) or a mixture of experts (:class:`~ponente.models.moe.MoeMlp`, key ``block_sparse_moe``), whose routing
-  the stack returns for the load-balancing loss (weighted by ``config.router_aux_loss_coef``).
+  ``mlp``), a plain two-layer :class:`Mlp` (GPT-2) or a mixture of experts (:class:`~ponente.models.moe.MoeMlp`,
+  key ``block_sparse_moe``), whose routing the stack returns for the load-balancing loss (weighted by
+  ``config.router_aux_loss_coef``).
 
-A model class may scale the token embeddings (:meth:`DecoderLM._embed`) or change the logits after the output
-projection (:meth:`DecoderLM._project_out`), as Gemma does.
+A model class may change the embeddings (:meth:`DecoderLM._embed`: Gemma scales them, GPT-2 adds learned position
+embeddings) or the logits after the output projection (:meth:`DecoderLM._project_out`, as Gemma does). A family
+whose parameters have other names (GPT-2) keeps its own stack and block classes, which expose the decoder's parts
+(:class:`DecoderStackParts`) and call the one block forward, :func:`block_forward`.
 
 The training forward and cached decoding are the same code: :meth:`DecoderLM.decode` runs the stack with a
 :class:`~ponente.models.kv_cache.KvCache` as part of the scan's carry, and each block's attention writes its keys
@@ -32,7 +36,7 @@ docs' "How to add a family").
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Protocol, Self
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -40,7 +44,7 @@ import jax.numpy as jnp
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
-from ponente.namedtensor.nn import Embedding, Linear, RmsNorm, Stacked
+from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, RmsNorm, Stacked
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from ._layer_types import select_by_kind, with_sliding_window
@@ -61,11 +65,16 @@ __all__ = [
     "DecoderConfig",
     "DecoderLM",
     "DecoderStack",
+    "DecoderStackParts",
+    "FusedQkvAttention",
     "GatedMlp",
     "GemmaRmsNorm",
+    "Mlp",
     "Norm",
     "NormPlacement",
     "QkNormAttention",
+    "SelfAttentionLayer",
+    "block_forward",
     "grouped_attention",
 ]
 
@@ -139,8 +148,26 @@ class GemmaRmsNorm(eqx.Module):
         return (xf * inv_rms * (1.0 + self.weight.astype(jnp.float32))).astype(x.dtype)
 
 
-Norm = RmsNorm | GemmaRmsNorm
-"""A block's normalization layer (``config.init_norm`` chooses)."""
+Norm = RmsNorm | GemmaRmsNorm | LayerNorm
+"""A block's normalization layer (``config.init_norm`` chooses; GPT-2: LayerNorm with a bias)."""
+
+
+@runtime_checkable
+class SelfAttentionLayer(Protocol):
+    """A block's attention that computes itself, cache included (DeepSeek's multi-head latent attention): the block
+    calls :meth:`self_attend` instead of the grouped-query path of :func:`self_attention`."""
+
+    def self_attend(
+        self,
+        x: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        pos_ids: NamedArray | None,
+        cache: KvCache | None,
+    ) -> tuple[NamedArray, KvCache | None]:
+        """Attention of ``x`` (``(..., position, embed)``) over its positions, or (writing to it first) over
+        ``cache``; returns ``(the output after the output projection, the updated cache or None)``."""
+        ...
 
 
 class DecoderConfig(Protocol):
@@ -174,8 +201,17 @@ class DecoderConfig(Protocol):
     def attention_windows(self) -> tuple[int | None, ...]: ...
     def sliding_layers(self) -> tuple[bool, ...]: ...
     def init_norm(self, axis: Axis) -> Norm: ...
-    def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention: ...
-    def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp: ...
+    def init_attention(
+        self, *, key: jax.Array
+    ) -> Attention | QkNormAttention | FusedQkvAttention | SelfAttentionLayer: ...
+    def init_feed_forward(self, keys: jax.Array) -> GatedMlp | Mlp | MoeMlp: ...
+
+
+def _dropout(x: NamedArray, pdrop: float, key: jax.Array | None) -> NamedArray:
+    """Dropout when a key is given and ``pdrop > 0``, else the identity."""
+    if key is None or pdrop == 0.0:
+        return x
+    return hax.nn.dropout(x, pdrop, inference=False, key=key)
 
 
 class GatedMlp(eqx.Module):
@@ -212,6 +248,95 @@ class GatedMlp(eqx.Module):
         else:
             act = hax.nn.gelu(gate, approximate=self.activation == "gelu_tanh")
         return tag(self.down_proj(act * up), "mlp_out")
+
+
+class Mlp(eqx.Module):
+    """A plain two-layer MLP with biases: ``c_proj(act(c_fc(x)))`` (GPT-2's, and its state-dict names).
+
+    Attributes:
+        c_fc: ``Embed -> Mlp``, with a bias.
+        c_proj: ``Mlp -> Embed``, with a bias.
+        activation: ``"gelu_tanh"`` (the default: GPT-2's ``gelu_new``), ``"gelu"`` (exact) or ``"silu"`` (static).
+    """
+
+    c_fc: Linear
+    c_proj: Linear
+    activation: Activation = eqx.field(static=True, default="gelu_tanh")
+
+    @staticmethod
+    def init(Embed: Axis, Hidden: Axis, keys: jax.Array, activation: Activation = "gelu_tanh") -> Mlp:
+        """Create the two projections (with biases, ``Embed -> Hidden -> Embed``) from two PRNG keys."""
+        k_fc, k_proj = keys
+        return Mlp(Linear.init(Embed, Hidden, key=k_fc), Linear.init(Hidden, Embed, key=k_proj), activation=activation)
+
+    def __call__(self, x: NamedArray) -> NamedArray:
+        """Apply the MLP to ``(..., embed)``."""
+        h = tag(self.c_fc(x), "mlp_in")
+        act = hax.nn.silu(h) if self.activation == "silu" else hax.nn.gelu(h, approximate=self.activation != "gelu")
+        return tag(self.c_proj(act), "mlp_out")
+
+
+class FusedQkvAttention(eqx.Module):
+    """Multi-head attention with one fused query/key/value projection and biases, without rotary (GPT-2's).
+
+    Called through :func:`self_attention`, which also runs it over a KV cache. A family may subclass it to change
+    the queries (:meth:`project`), the attention without a cache (:meth:`attend`), the backend of a prefill
+    (:meth:`decode_backend`) or the output (:meth:`output`), e.g. for dropout.
+
+    Attributes:
+        c_attn: ``Embed -> (qkv, Heads, HeadSize)`` with a bias (``qkv`` of size 3: queries, keys, values).
+        c_proj: ``(Heads, HeadSize) -> Embed`` with a bias.
+        scaling: multiplies the attention logits (None: ``1 / sqrt(head_size)``) (static).
+        backend: the attention backend (see :func:`~ponente.models.attention.attention`) (static).
+        block_size: the flash-attention tile size over positions (static).
+    """
+
+    c_attn: Linear
+    c_proj: Linear
+    scaling: float | None = eqx.field(static=True, default=None)
+    backend: str = eqx.field(static=True, default="auto")
+    block_size: int = eqx.field(static=True, default=128)
+
+    @staticmethod
+    def init_projections(Embed: Axis, Heads: Axis, HeadSize: Axis, *, key: jax.Array) -> tuple[Linear, Linear]:
+        """``(c_attn, c_proj)``, with biases, from one PRNG key (split in two)."""
+        k_attn, k_proj = jax.random.split(key)
+        Qkv = Axis("qkv", 3)
+        return Linear.init(Embed, (Qkv, Heads, HeadSize), key=k_attn), Linear.init(
+            (Heads, HeadSize), Embed, key=k_proj
+        )
+
+    def project(self, x: NamedArray, layer: NamedArray | None) -> _Qkv:
+        """The queries, keys and values of ``x`` (``layer``: this block's index in the stack, or None)."""
+        del layer
+        qkv = self.c_attn(x)
+        return qkv["qkv", 0], qkv["qkv", 1], qkv["qkv", 2]
+
+    def attend(
+        self,
+        Pos: Axis,
+        q: NamedArray,
+        k: NamedArray,
+        v: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+        *,
+        key: jax.Array | None,
+    ) -> NamedArray:
+        """Attention over the positions, without a cache (``key``: for dropout in a subclass)."""
+        del key
+        HeadSize = q.resolve_axis("head_size")
+        return attention(
+            Pos, HeadSize, q, k, v, mask, scaling_factor=self.scaling, backend=self.backend, block_size=self.block_size
+        )
+
+    def decode_backend(self) -> str:
+        """The attention backend of a prefill over the cache."""
+        return self.backend
+
+    def output(self, out: NamedArray, *, key: jax.Array | None) -> NamedArray:
+        """The output projection of the attended values (``key``: for dropout in a subclass)."""
+        del key
+        return tag(self.c_proj(out), "attn_out")
 
 
 class QkNormAttention(ModuleWithStateDictSerialization):
@@ -285,6 +410,9 @@ class QkNormAttention(ModuleWithStateDictSerialization):
 
 
 _Qkv = tuple[NamedArray, NamedArray, NamedArray]
+
+AttentionLayer = Attention | QkNormAttention | FusedQkvAttention | SelfAttentionLayer
+"""A block's attention (``config.init_attention`` chooses)."""
 
 
 def _project(layer: Attention | QkNormAttention, x: NamedArray) -> _Qkv:
@@ -366,8 +494,34 @@ def _head_sinks(layer: Attention | QkNormAttention, q: NamedArray) -> NamedArray
     return layer.sinks.unflatten_axis("heads", head_axes)
 
 
+def _fused_self_attention(
+    layer: FusedQkvAttention,
+    x: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    pos_ids: NamedArray | None,
+    cache: KvCache | None,
+    layer_idx: NamedArray | None,
+    key: jax.Array | None,
+) -> tuple[NamedArray, KvCache | None]:
+    """:func:`self_attention` of a :class:`FusedQkvAttention` (full attention only, no rotary)."""
+    k_attn, k_out = (None, None) if key is None else jax.random.split(key)
+    q, k, v = layer.project(x, layer_idx)
+    if cache is None:
+        out = layer.attend(x.resolve_axis("position"), q, k, v, mask, key=k_attn)
+    else:
+        if pos_ids is None:
+            raise ValueError("self_attention: decoding with a cache needs pos_ids (the tokens' cache slots)")
+        cache = cache.update(k, v, pos_ids)
+        HeadSize = q.resolve_axis("head_size")
+        backend = layer.decode_backend()
+        out = decode_attention(
+            HeadSize, q, cache, pos_ids, scaling_factor=layer.scaling, backend=backend, block_size=layer.block_size
+        )
+    return layer.output(out, key=k_out), cache
+
+
 def self_attention(
-    layer: Attention | QkNormAttention,
+    layer: AttentionLayer,
     x: NamedArray,
     mask: AttentionMask | NamedArray | None,
     sliding_mask: AttentionMask | NamedArray | None = None,
@@ -376,6 +530,8 @@ def self_attention(
     pos_ids: NamedArray | None,
     cache: KvCache | None = None,
     window: int | None = None,
+    layer_idx: NamedArray | None = None,
+    key: jax.Array | None = None,
 ) -> tuple[NamedArray, KvCache | None]:
     """Self-attention of ``x`` (``(..., position, embed)``) over its own positions, or over ``cache``.
 
@@ -389,10 +545,18 @@ def self_attention(
         pos_ids: the rotary positions (None: ``0 .. n - 1``; required with a cache, where they are also the slots).
         cache: this layer's cache: write the tokens' keys and values there and attend over it; None: no cache.
         window: with a cache, how many keys a query of a sliding layer sees (None: all earlier ones).
+        layer_idx: this block's index in the stack (a scalar, traced in the scan), or None; read by a
+            :class:`FusedQkvAttention` subclass.
+        key: a PRNG key for the dropout of a :class:`FusedQkvAttention` subclass (None: none).
 
     Returns:
         ``((..., position, embed), the updated cache or None)``.
     """
+    if isinstance(layer, FusedQkvAttention):
+        return _fused_self_attention(layer, x, mask, pos_ids, cache, layer_idx, key)
+    if not isinstance(layer, (Attention, QkNormAttention)):
+        # a layer of its own kind (no sliding windows): it projects, rotates, caches and attends itself
+        return layer.self_attend(x, mask, pos_ids=pos_ids, cache=cache)
     a = layer.attn if isinstance(layer, QkNormAttention) else layer
     Pos = x.resolve_axis("position")
     local_rotary = layer.local_rotary if isinstance(layer, QkNormAttention) else None
@@ -410,6 +574,77 @@ def self_attention(
         lambda: _attend(layer, qkv, Pos, a.rotary, mask, None, pos_ids, cache),
     )
     return tag(a.o_proj(out), "attn_out"), cache
+
+
+def block_forward(
+    x: NamedArray,
+    self_attn: AttentionLayer,
+    feed_forward: GatedMlp | Mlp | MoeMlp | None,
+    norms: tuple[Norm | None, Norm, Norm | None, Norm | None],
+    norm_placement: NormPlacement,
+    mask: AttentionMask | NamedArray | None,
+    sliding_mask: AttentionMask | NamedArray | None = None,
+    sliding: bool | NamedArray = False,
+    *,
+    window: int | None = None,
+    pos_ids: NamedArray | None = None,
+    cache: KvCache | None = None,
+    layer: NamedArray | None = None,
+    key: jax.Array | None = None,
+    resid_pdrop: float = 0.0,
+) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
+    """The forward of a decoder block (see :class:`DecoderBlock`), from its parts.
+
+    Args:
+        x: the input ``(..., position, embed)``.
+        self_attn: the attention.
+        feed_forward: the MLP or mixture of experts.
+        norms: the attention's input norm, the post-attention norm, the feed-forward's input and output norms
+            (None where ``norm_placement`` has none).
+        norm_placement: ``"pre"``, ``"post"`` or ``"sandwich"``.
+        mask: the mask of a full-attention layer.
+        sliding_mask: the mask of a sliding layer (``mask`` restricted to ``window``; only read if ``sliding``).
+        sliding: whether this layer slides (a bool, or a scalar boolean NamedArray inside the scan).
+        window: the window of sliding layers (for a cache; the masks carry it otherwise).
+        pos_ids: the positions (None: ``0 .. n - 1``).
+        cache: this layer's cache (decoding), or None.
+        layer: this block's index in the stack (a scalar), or None.
+        key: a PRNG key for dropout (None: none); split between the attention and the feed-forward.
+        resid_pdrop: dropout on the feed-forward's output (with a key).
+
+    Returns:
+        ``(the output, the updated cache or None, the routing of a mixture of experts or None)``.
+    """
+    k_attn, k_ff = (None, None) if key is None else jax.random.split(key)
+    input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm = norms
+    h = x if input_norm is None else input_norm(x)
+    out, cache = self_attention(
+        self_attn,
+        h,
+        mask,
+        sliding_mask,
+        sliding,
+        pos_ids=pos_ids,
+        cache=cache,
+        window=window,
+        layer_idx=layer,
+        key=k_attn,
+    )
+    if norm_placement == "pre":
+        x = x + out
+        h = post_attention_norm(x)
+    else:
+        x = x + post_attention_norm(out)
+        h = x if pre_feedforward_norm is None else pre_feedforward_norm(x)
+    routing = None
+    if isinstance(feed_forward, MoeMlp):
+        y, routing = feed_forward(h)
+    elif feed_forward is not None:
+        y = feed_forward(h)
+    y = _dropout(y, resid_pdrop, k_ff)
+    if post_feedforward_norm is not None:
+        y = post_feedforward_norm(y)
+    return x + y, cache, routing
 
 
 class DecoderBlock(eqx.Module):
@@ -433,10 +668,10 @@ class DecoderBlock(eqx.Module):
     """
 
     input_layernorm: Norm | None
-    self_attn: Attention | QkNormAttention
+    self_attn: AttentionLayer
     post_attention_layernorm: Norm
     pre_feedforward_layernorm: Norm | None
-    mlp: GatedMlp | None
+    mlp: GatedMlp | Mlp | None
     block_sparse_moe: MoeMlp | None
     post_feedforward_layernorm: Norm | None
     norm_placement: NormPlacement = eqx.field(static=True, default="pre")
@@ -452,7 +687,7 @@ class DecoderBlock(eqx.Module):
             self_attn=config.init_attention(key=keys[0]),
             post_attention_layernorm=config.init_norm(Embed),
             pre_feedforward_layernorm=config.init_norm(Embed) if placement == "sandwich" else None,
-            mlp=ff if isinstance(ff, GatedMlp) else None,
+            mlp=ff if isinstance(ff, (GatedMlp, Mlp)) else None,
             block_sparse_moe=ff if isinstance(ff, MoeMlp) else None,
             post_feedforward_layernorm=config.init_norm(Embed) if placement != "pre" else None,
             norm_placement=placement,
@@ -468,8 +703,10 @@ class DecoderBlock(eqx.Module):
         window: int | None = None,
         pos_ids: NamedArray | None = None,
         cache: KvCache | None = None,
+        layer: NamedArray | None = None,
+        key: jax.Array | None = None,
     ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
-        """Apply the block to ``(..., position, embed)``.
+        """Apply the block to ``(..., position, embed)`` (:func:`block_forward`).
 
         Args:
             x: the input.
@@ -479,28 +716,45 @@ class DecoderBlock(eqx.Module):
             window: the window of sliding layers (for a cache; the masks carry it otherwise).
             pos_ids: the rotary positions (None: ``0 .. n - 1``).
             cache: this layer's cache (decoding), or None.
+            layer: this block's index in the stack (a scalar), or None.
+            key: a PRNG key for dropout (None: none).
 
         Returns:
             ``(the output, the updated cache or None, the routing of a mixture of experts or None)``.
         """
-        h = x if self.input_layernorm is None else self.input_layernorm(x)
-        out, cache = self_attention(
-            self.self_attn, h, mask, sliding_mask, sliding, pos_ids=pos_ids, cache=cache, window=window
+        norms = (
+            self.input_layernorm,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+            self.post_feedforward_layernorm,
         )
-        if self.norm_placement == "pre":
-            x = x + out
-            h = self.post_attention_layernorm(x)
-        else:
-            x = x + self.post_attention_layernorm(out)
-            h = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
-        routing = None
-        if self.block_sparse_moe is not None:
-            y, routing = self.block_sparse_moe(h)
-        elif self.mlp is not None:
-            y = self.mlp(h)
-        if self.post_feedforward_layernorm is not None:
-            y = self.post_feedforward_layernorm(y)
-        return x + y, cache, routing
+        return block_forward(
+            x,
+            self.self_attn,
+            self.block_sparse_moe if self.block_sparse_moe is not None else self.mlp,
+            norms,
+            self.norm_placement,
+            mask,
+            sliding_mask,
+            sliding,
+            window=window,
+            pos_ids=pos_ids,
+            cache=cache,
+            layer=layer,
+            key=key,
+        )
+
+
+class DecoderStackParts(Protocol):
+    """What :class:`DecoderLM` reads of its stack: a :class:`DecoderStack`, or a family's stack with other names
+    (GPT-2's ``wte``, ``h``, ``ln_f``) exposing these."""
+
+    @property
+    def embed_tokens(self) -> Embedding: ...
+    @property
+    def layers(self) -> Stacked[Any]: ...
+    @property
+    def norm(self) -> Any: ...
 
 
 class DecoderStack(eqx.Module):
@@ -512,18 +766,24 @@ class DecoderStack(eqx.Module):
 
 
 def _block_step(
-    block: DecoderBlock, carry: tuple[NamedArray, KvCache | None], layer: NamedArray | None, *args: Any, **kwargs: Any
+    block: DecoderBlock,
+    carry: tuple[NamedArray, KvCache | None],
+    layer: NamedArray,
+    layer_key: jax.Array | None,
+    *args: Any,
+    **kwargs: Any,
 ) -> tuple[tuple[NamedArray, KvCache | None], RouterOutput | None]:
     """One block in the scan over layers: the carry is the hidden states and (decoding) the stacked cache."""
     x, cache = carry
-    if cache is not None and layer is not None:
+    if cache is not None:
         cache = cache.at_layer(layer.array)
-    x, cache, routing = block(x, *args, cache=cache, **kwargs)
+    x, cache, routing = block(x, *args, cache=cache, layer=layer, key=layer_key, **kwargs)
     return (x, cache), routing
 
 
 class DecoderLM(LmHeadModel[Any]):
-    """A decoder-only language model on :class:`DecoderStack` (Llama, Mistral, Qwen2/3, OLMo 2, Mixtral, Gemma 1/2/3).
+    """A decoder-only language model on :class:`DecoderStack` (Llama, Mistral, Qwen2/3, OLMo 2, Mixtral, Gemma 1/2/3;
+    GPT-2 with its own names).
 
     Attributes:
         transformer: embeddings, layers and final norm (state-dict key ``model``).
@@ -533,7 +793,7 @@ class DecoderLM(LmHeadModel[Any]):
             logits of the padded entries are masked (static).
     """
 
-    transformer: DecoderStack
+    transformer: DecoderStackParts
     lm_head: Linear | None
     config: Any = eqx.field(static=True)
     vocab_size: int | None = eqx.field(static=True, default=None)
@@ -592,8 +852,12 @@ class DecoderLM(LmHeadModel[Any]):
             return flags[0], window
         return hax.named(jnp.asarray(flags), self.config.Layers), window
 
-    def _embed(self, input_ids: NamedArray) -> NamedArray:
-        """The token embeddings of ``input_ids`` (``(..., position, embed)``); a family may scale them (Gemma)."""
+    def _embed(
+        self, input_ids: NamedArray, pos_ids: NamedArray | None = None, *, key: jax.Array | None = None
+    ) -> NamedArray:
+        """The token embeddings of ``input_ids`` (``(..., position, embed)``); a family may scale them (Gemma) or
+        add position embeddings of ``pos_ids`` and dropout with ``key`` (GPT-2)."""
+        del pos_ids, key
         return self.transformer.embed_tokens.embed(input_ids)
 
     def _run(
@@ -602,8 +866,12 @@ class DecoderLM(LmHeadModel[Any]):
         attn_mask: AttentionMask | NamedArray | None,
         pos_ids: NamedArray | None,
         cache: KvCache | None = None,
+        *,
+        key: jax.Array | None = None,
     ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
         """Embed ``input_ids``, run the blocks (over ``cache`` if given) and the final norm.
+
+        ``key`` (for dropout) splits into the embeddings' key and one key per layer.
 
         Returns:
             ``(hidden states after the final norm, the updated cache or None, the stacked routing or None)``.
@@ -613,13 +881,15 @@ class DecoderLM(LmHeadModel[Any]):
         sliding_mask = mask
         if window is not None:
             sliding_mask = with_sliding_window(attn_mask, window, input_ids.resolve_axis("position"))
-        x = self._embed(input_ids)
-        layer_ids = None
+        k_embed, k_layers = (None, None) if key is None else jax.random.split(key)
+        x = self._embed(input_ids, pos_ids, key=k_embed)
+        layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
+        layer_keys = None if k_layers is None else jax.random.split(k_layers, self.config.num_layers)
         if cache is not None:
             # the stacked cache is the scan's carry and each layer writes its slots in place (no per-layer copies)
-            layer_ids, cache = hax.arange(cache.keys.resolve_axis("layers")), cache.at_layer(0)
+            cache = cache.at_layer(0)
         (x, cache), routing = self.transformer.layers.scan_via(_block_step, unroll=self.config.layer_unroll)(
-            (x, cache), layer_ids, mask, sliding_mask, sliding, window=window, pos_ids=pos_ids
+            (x, cache), layer_ids, layer_keys, mask, sliding_mask, sliding, window=window, pos_ids=pos_ids
         )
         return self.transformer.norm(x), cache, routing
 
@@ -636,7 +906,7 @@ class DecoderLM(LmHeadModel[Any]):
         Args:
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
-            key: unused (no dropout).
+            key: a PRNG key for dropout, in a family that has it (GPT-2); None: deterministic.
             pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
@@ -645,8 +915,7 @@ class DecoderLM(LmHeadModel[Any]):
             :func:`~ponente.models.moe.router_metrics` over all layers, named ``router/<metric>`` (logged, not added
             to the loss).
         """
-        del key
-        x, _, routing = self._run(input_ids, attn_mask, pos_ids)
+        x, _, routing = self._run(input_ids, attn_mask, pos_ids, key=key)
         if routing is None:
             return x, {}
         metrics = router_metrics(routing, self.config.Experts)
@@ -672,14 +941,13 @@ class DecoderLM(LmHeadModel[Any]):
         Args:
             input_ids: integer ids ``(..., position)``.
             attn_mask: the attention mask (None: causal); sliding layers further restrict it to their window.
-            key: unused (no dropout).
+            key: a PRNG key for dropout, in a family that has it (GPT-2); None: deterministic.
             pos_ids: the rotary positions ``(..., position)`` (None: ``0 .. n - 1``; see :class:`LmHeadModel`).
 
         Returns:
             The hidden states after the final norm.
         """
-        del key
-        return self._run(input_ids, attn_mask, pos_ids)[0]
+        return self._run(input_ids, attn_mask, pos_ids, key=key)[0]
 
     def logits_and_aux(
         self,

@@ -252,9 +252,11 @@ class GemmaLMHeadModel(DecoderLM):
     ``self_attn.{q,k}_norm``.
     """
 
-    def _embed(self, input_ids: NamedArray) -> NamedArray:
+    def _embed(
+        self, input_ids: NamedArray, pos_ids: NamedArray | None = None, *, key: jax.Array | None = None
+    ) -> NamedArray:
         """Token embeddings times ``sqrt(hidden_dim)`` (the scale rounded to the embeddings' dtype)."""
-        x = super()._embed(input_ids)
+        x = super()._embed(input_ids, pos_ids, key=key)
         return x * jnp.asarray(math.sqrt(self.config.hidden_dim), dtype=x.dtype)
 
     def _project_out(self, x: NamedArray) -> NamedArray:

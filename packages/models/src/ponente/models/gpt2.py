@@ -1,10 +1,18 @@
-"""GPT-2: learned position embeddings, pre-LayerNorm blocks, fused QKV, GELU (tanh) MLP, tied output embedding."""
+"""GPT-2 on the shared decoder: learned position embeddings, pre-LayerNorm blocks, fused QKV, GELU (tanh) MLP,
+tied output embedding.
+
+The model is :class:`~ponente.models.decoder.DecoderLM` (one forward, with or without a KV cache) whose config
+chooses LayerNorm, :class:`~ponente.models.decoder.FusedQkvAttention` and the plain
+:class:`~ponente.models.decoder.Mlp`; this module adds the position embeddings (the ``_embed`` hook), GPT-2's
+attention options and dropout, and keeps GPT-2's parameter names (``transformer.{wte, wpe, h, ln_f}``, blocks
+``ln_1``, ``attn.{c_attn, c_proj}``, ``ln_2``, ``mlp.{c_fc, c_proj}``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import equinox as eqx
 import jax
@@ -12,13 +20,22 @@ import jax.numpy as jnp
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
-from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, Stacked
+from ponente.namedtensor.nn import Embedding, LayerNorm, Stacked
 from ponente.namedtensor.nn import attention as hattn
 
-from .attention import KEY_POSITION, AttentionMask, attention, decode_attention
-from .attention.kv_cache import KvCache, take_positions
-from .config import LmConfig, _real_vocab_rows, _require, mask_padded_vocab, register_config
-from .lm import LmHeadModel
+from .attention import KEY_POSITION, AttentionMask
+from .attention.kv_cache import KvCache
+from .config import LmConfig, _require, register_config
+from .decoder import (
+    DecoderConfig,
+    DecoderLM,
+    FusedQkvAttention,
+    Mlp,
+    NormPlacement,
+    _dropout,
+    block_forward,
+)
+from .moe import RouterOutput
 from .remat import tag
 
 __all__ = ["Gpt2Config", "Gpt2LMHeadModel"]
@@ -53,6 +70,10 @@ class Gpt2Config(LmConfig):
     """
 
     glu_mlp: ClassVar[bool] = False  # GPT-2's MLP is two matrices with a GELU between them
+    norm_placement: ClassVar[NormPlacement] = "pre"
+    """Where the blocks' norms sit (see :class:`~ponente.models.decoder.DecoderBlock`)."""
+    feed_forward_keys: ClassVar[int] = 2
+    """How many PRNG keys :meth:`init_feed_forward` takes."""
 
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
@@ -79,6 +100,27 @@ class Gpt2Config(LmConfig):
                 f"attn_pdrop ({self.attn_pdrop}) must be 0 and upcast_attn ({self.upcast_attn}) False; "
                 "use attn_backend='reference' for them"
             )
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        """GPT-2 always ties its output projection to the token embedding."""
+        return True
+
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """No layer slides."""
+        return (False,) * self.num_layers
+
+    def init_norm(self, axis: Axis) -> LayerNorm:
+        """A block's (and the final) normalization over ``axis``: LayerNorm with a scale and a bias."""
+        return LayerNorm.init(axis, eps=self.layer_norm_epsilon)
+
+    def init_attention(self, *, key: jax.Array) -> Gpt2Attention:
+        """One block's attention: fused ``c_attn``, ``c_proj``, with biases and GPT-2's options."""
+        return Gpt2Attention.init(self, key=key)
+
+    def init_feed_forward(self, keys: jax.Array) -> Mlp:
+        """One block's MLP, ``c_fc`` then ``gelu_new`` (tanh-approximated GELU) then ``c_proj``, with biases."""
+        return Mlp.init(self.Embed, self.Mlp, keys, activation="gelu_tanh")
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
         """Build a randomly initialized GPT-2 (see :meth:`LmConfig.build`)."""
@@ -142,116 +184,67 @@ class Gpt2Config(LmConfig):
         )
 
 
-def _dropout(x: NamedArray, pdrop: float, key: jax.Array | None) -> NamedArray:
-    """Dropout when a key is given and ``pdrop > 0``, else the identity."""
-    if key is None or pdrop == 0.0:
-        return x
-    return hax.nn.dropout(x, pdrop, inference=False, key=key)
+class Gpt2Attention(FusedQkvAttention):
+    """GPT-2's attention: the decoder's fused ``c_attn`` / ``c_proj`` attention with GPT-2's options.
 
-
-class Gpt2Attention(eqx.Module):
-    """Causal self-attention with a fused ``c_attn`` (Q, K, V) projection and ``c_proj`` output projection.
+    Adds to :class:`~ponente.models.decoder.FusedQkvAttention` the scores divided by ``layer + 1``
+    (``scale_attn_by_inverse_layer_idx``), float32 scores (``upcast_attn``) and dropout on the probabilities
+    (``attn_pdrop``) and on the output (``resid_pdrop``), applied only with a PRNG key.
 
     Attributes:
-        c_attn: ``Embed -> (qkv, Heads, HeadSize)``.
-        c_proj: ``(Heads, HeadSize) -> Embed``.
         config: the config (static): scaling, upcasting, dropout and backend options.
     """
 
-    c_attn: Linear
-    c_proj: Linear
-    config: Gpt2Config = eqx.field(static=True)
+    config: Gpt2Config = eqx.field(static=True, kw_only=True)
 
     @staticmethod
     def init(config: Gpt2Config, *, key: jax.Array) -> Gpt2Attention:
         """Create the projections."""
-        k1, k2 = jax.random.split(key)
-        Qkv = Axis("qkv", 3)
+        c_attn, c_proj = FusedQkvAttention.init_projections(config.Embed, config.Heads, config.HeadSize, key=key)
         return Gpt2Attention(
-            c_attn=Linear.init(config.Embed, (Qkv, config.Heads, config.HeadSize), key=k1),
-            c_proj=Linear.init((config.Heads, config.HeadSize), config.Embed, key=k2),
+            c_attn=c_attn,
+            c_proj=c_proj,
+            scaling=config.HeadSize.size**-0.5 if config.scale_attn_weights else 1.0,
+            backend=config.attn_backend,
+            block_size=config.flash_attention_block_size,
             config=config,
         )
 
-    def __call__(
+    def project(self, x: NamedArray, layer: NamedArray | None) -> tuple[NamedArray, NamedArray, NamedArray]:
+        """The queries (divided by ``layer + 1`` with ``scale_attn_by_inverse_layer_idx``), keys and values."""
+        q, k, v = super().project(x, layer)
+        if self.config.scale_attn_by_inverse_layer_idx:
+            # scaling q scales the scores; the layer index is traced in the scan, so it cannot be a static factor
+            index = 0 if layer is None else layer.array
+            q = q / (jnp.asarray(index) + 1).astype(q.dtype)
+        return q, k, v
+
+    def attend(
         self,
-        x: NamedArray,
+        Pos: Axis,
+        q: NamedArray,
+        k: NamedArray,
+        v: NamedArray,
         mask: AttentionMask | NamedArray | None,
-        layer_idx: NamedArray | int = 0,
         *,
-        key: jax.Array | None = None,
+        key: jax.Array | None,
     ) -> NamedArray:
-        """Attend over ``position``.
-
-        Args:
-            x: ``(..., position, embed)``.
-            mask: the attention mask.
-            layer_idx: this block's index in the stack (a scalar, traced inside the layer scan); used by
-                ``scale_attn_by_inverse_layer_idx``.
-            key: PRNG key for attention and residual dropout (None: no dropout).
-
-        Returns:
-            ``(..., position, embed)``.
-        """
+        """Attention over the positions; materialized with ``upcast_attn`` or with attention dropout."""
         cfg = self.config
-        Pos = x.resolve_axis("position")
-        qkv = self.c_attn(x)
-        HeadSize = qkv.resolve_axis("head_size")
-        q, k, v = (qkv["qkv", i] for i in range(3))
-        scale = HeadSize.size**-0.5 if cfg.scale_attn_weights else 1.0
-        q = self._scaled_query(q, layer_idx)
-        k_attn, k_resid = (None, None) if key is None else jax.random.split(key)
-        if cfg.upcast_attn or (cfg.attn_pdrop > 0 and k_attn is not None):
+        if cfg.upcast_attn or (cfg.attn_pdrop > 0 and key is not None):
+            HeadSize = q.resolve_axis("head_size")
+            scale = HeadSize.size**-0.5 if cfg.scale_attn_weights else 1.0
             q, k, v = tag((q, k, v), "attn_qkv")
-            out = tag(_materialized_attention(Pos, HeadSize, q, k, v, mask, scale, cfg, k_attn), "attn_context")
-        else:
-            out = attention(
-                Pos,
-                HeadSize,
-                q,
-                k,
-                v,
-                mask,
-                scaling_factor=scale,
-                backend=cfg.attn_backend,
-                block_size=cfg.flash_attention_block_size,
-            )
-        return _dropout(tag(self.c_proj(out), "attn_out"), cfg.resid_pdrop, k_resid)
+            return tag(_materialized_attention(Pos, HeadSize, q, k, v, mask, scale, cfg, key), "attn_context")
+        return super().attend(Pos, q, k, v, mask, key=None)
 
-    def decode(
-        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray | int = 0
-    ) -> tuple[NamedArray, KvCache]:
-        """Attend from the tokens of ``x`` over the cache, after writing their keys and values to it (no dropout).
+    def decode_backend(self) -> str:
+        """A prefill attends like the forward pass: upcast attention materializes the scores (``"reference"``)."""
+        return "reference" if self.config.upcast_attn else self.backend
 
-        Args:
-            x: ``(batch, position, embed)``.
-            cache: this layer's cache (see :meth:`~ponente.models.LmHeadModel.decode`).
-            pos_ids: the tokens' positions over ``(batch, position)``.
-            layer_idx: this block's index in the stack (see :meth:`__call__`).
-
-        Returns:
-            ``((batch, position, embed), the updated cache)``.
-        """
-        qkv = self.c_attn(x)
-        HeadSize = qkv.resolve_axis("head_size")
-        q, k, v = (qkv["qkv", i] for i in range(3))
-        q = self._scaled_query(q, layer_idx)
-        cache = cache.update(k, v, pos_ids)
-        cfg = self.config
-        scale = HeadSize.size**-0.5 if cfg.scale_attn_weights else 1.0
-        # a prefill attends like the forward pass: upcast attention materializes the scores (in float32)
-        backend = "reference" if cfg.upcast_attn else cfg.attn_backend
-        block = cfg.flash_attention_block_size
-        out = decode_attention(HeadSize, q, cache, pos_ids, scaling_factor=scale, backend=backend, block_size=block)
-        return self.c_proj(out), cache
-
-    def _scaled_query(self, q: NamedArray, layer_idx: NamedArray | int) -> NamedArray:
-        """``q``, divided by ``layer_idx + 1`` with ``scale_attn_by_inverse_layer_idx``."""
-        if not self.config.scale_attn_by_inverse_layer_idx:
-            return q
-        # scaling q scales the scores; layer_idx is traced in the scan, so it cannot be a static factor
-        index = layer_idx.array if isinstance(layer_idx, NamedArray) else layer_idx
-        return q / (jnp.asarray(index) + 1).astype(q.dtype)
+    def output(self, out: NamedArray, *, key: jax.Array | None) -> NamedArray:
+        """``c_proj``, then residual dropout (with a key)."""
+        return _dropout(super().output(out, key=None), self.config.resid_pdrop, key)
 
 
 def _materialized_attention(
@@ -282,84 +275,92 @@ def _materialized_attention(
     return hax.dot(weights, v, axis=KPos.name)
 
 
-class Gpt2Mlp(eqx.Module):
-    """``c_proj(gelu_tanh(c_fc(x)))``."""
-
-    c_fc: Linear
-    c_proj: Linear
-
-    def __call__(self, x: NamedArray) -> NamedArray:
-        """Apply the MLP to ``(..., embed)``."""
-        return tag(self.c_proj(hax.nn.gelu(tag(self.c_fc(x), "mlp_in"), approximate=True)), "mlp_out")
-
-
 class Gpt2Block(eqx.Module):
-    """A pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
+    """A pre-LayerNorm block, ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``: the decoder's block forward
+    (:func:`~ponente.models.decoder.block_forward`) under GPT-2's parameter names."""
 
     ln_1: LayerNorm
     attn: Gpt2Attention
     ln_2: LayerNorm
-    mlp: Gpt2Mlp
+    mlp: Mlp
 
     @staticmethod
     def init(config: Gpt2Config, *, key: jax.Array) -> Gpt2Block:
         """Create one block."""
-        k_attn, k_fc, k_proj = jax.random.split(key, 3)
-        eps = config.layer_norm_epsilon
+        keys = jax.random.split(key, 1 + config.feed_forward_keys)
         return Gpt2Block(
-            ln_1=LayerNorm.init(config.Embed, eps=eps),
-            attn=Gpt2Attention.init(config, key=k_attn),
-            ln_2=LayerNorm.init(config.Embed, eps=eps),
-            mlp=Gpt2Mlp(
-                Linear.init(config.Embed, config.Mlp, key=k_fc), Linear.init(config.Mlp, config.Embed, key=k_proj)
-            ),
+            ln_1=config.init_norm(config.Embed),
+            attn=config.init_attention(key=keys[0]),
+            ln_2=config.init_norm(config.Embed),
+            mlp=config.init_feed_forward(keys[1:]),
         )
 
     def __call__(
         self,
         x: NamedArray,
         mask: AttentionMask | NamedArray | None,
-        layer_idx: NamedArray | int = 0,
+        sliding_mask: AttentionMask | NamedArray | None = None,
+        sliding: bool | NamedArray = False,
+        *,
+        window: int | None = None,
+        pos_ids: NamedArray | None = None,
+        cache: KvCache | None = None,
+        layer: NamedArray | None = None,
         key: jax.Array | None = None,
-    ) -> NamedArray:
-        """Apply the block to ``(..., position, embed)``.
-
-        Args:
-            x: the residual stream.
-            mask: the attention mask.
-            layer_idx: this block's index in the stack.
-            key: PRNG key for dropout (None: no dropout).
-
-        Returns:
-            The updated residual stream.
-        """
-        k_attn, k_mlp = (None, None) if key is None else jax.random.split(key)
-        x = x + self.attn(self.ln_1(x), mask, layer_idx, key=k_attn)
-        return x + _dropout(self.mlp(self.ln_2(x)), self.attn.config.resid_pdrop, k_mlp)
-
-    def decode(
-        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, layer_idx: NamedArray | int = 0
-    ) -> tuple[NamedArray, KvCache]:
-        """The block over cached keys and values (see :meth:`~ponente.models.LmHeadModel.decode`), no dropout."""
-        attn_out, cache = self.attn.decode(self.ln_1(x), cache, pos_ids, layer_idx)
-        x = x + attn_out
-        return x + self.mlp(self.ln_2(x)), cache
+    ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
+        """Apply the block (see :meth:`~ponente.models.decoder.DecoderBlock.__call__`)."""
+        return block_forward(
+            x,
+            self.attn,
+            self.mlp,
+            (self.ln_1, self.ln_2, None, None),
+            "pre",
+            mask,
+            sliding_mask,
+            sliding,
+            window=window,
+            pos_ids=pos_ids,
+            cache=cache,
+            layer=layer,
+            key=key,
+            resid_pdrop=self.attn.config.resid_pdrop,
+        )
 
 
 class Gpt2Transformer(eqx.Module):
-    """Token and position embeddings, the stacked blocks and the final LayerNorm (HF ``transformer``)."""
+    """Token and position embeddings, the stacked blocks and the final LayerNorm (HF ``transformer``).
+
+    Exposes them under the decoder's names (:class:`~ponente.models.decoder.DecoderStackParts`).
+    """
 
     wte: Embedding
     wpe: Embedding
     h: Stacked[Gpt2Block]
     ln_f: LayerNorm
 
+    @property
+    def embed_tokens(self) -> Embedding:
+        """The token embedding ``wte``."""
+        return self.wte
 
-class Gpt2LMHeadModel(LmHeadModel):
-    """GPT-2 with the output projection tied to the token embedding.
+    @property
+    def layers(self) -> Stacked[Gpt2Block]:
+        """The blocks ``h``."""
+        return self.h
+
+    @property
+    def norm(self) -> LayerNorm:
+        """The final norm ``ln_f``."""
+        return self.ln_f
+
+
+class Gpt2LMHeadModel(DecoderLM):
+    """GPT-2 with the output projection tied to the token embedding: the shared decoder
+    (:class:`~ponente.models.decoder.DecoderLM`) with learned position embeddings added to the token embeddings.
 
     Attributes:
         transformer: the embeddings, blocks and final norm.
+        lm_head: always None (tied to ``transformer.wte``).
         config: the config (static).
         vocab_size: the real vocabulary size when the vocabulary axis is padded (``config.vocab_padding_multiple``);
             logits of the padded entries are masked (static).
@@ -367,23 +368,30 @@ class Gpt2LMHeadModel(LmHeadModel):
 
     transformer: Gpt2Transformer
     config: Gpt2Config = eqx.field(static=True)
-    vocab_size: int | None = eqx.field(static=True, default=None)
 
     _hf_transposed_suffixes: ClassVar[tuple[str, ...]] = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
     _hf_vocab_keys: ClassVar[tuple[str, ...]] = ("transformer.wte.weight",)
 
-    @staticmethod
-    def init(config: Gpt2Config, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        return {}
+
+    @classmethod
+    def init(cls, config: DecoderConfig, Vocab: Axis, *, key: jax.Array) -> Self:
         """Create a randomly initialized model.
 
         Args:
-            config: the config.
+            config: the config (a :class:`Gpt2Config`).
             Vocab: the (real) vocabulary axis; the model's is padded to ``config.vocab_padding_multiple``.
             key: the PRNG key.
 
         Returns:
             The model.
+
+        Raises:
+            TypeError: if ``config`` is not a :class:`Gpt2Config`.
         """
+        if not isinstance(config, Gpt2Config):
+            raise TypeError(f"Gpt2LMHeadModel.init: expected a Gpt2Config, got {type(config).__name__}")
         k_wte, k_wpe, k_blocks = jax.random.split(key, 3)
         std = config.initializer_range
         blocks = Stacked.init(config.Layers, Gpt2Block, gradient_checkpointing=config.gradient_checkpointing)(
@@ -393,34 +401,17 @@ class Gpt2LMHeadModel(LmHeadModel):
             wte=Embedding.init(config.padded_vocab(Vocab), config.Embed, key=k_wte, initializer_range=std),
             wpe=Embedding.init(Axis("n_positions", config.seq_len), config.Embed, key=k_wpe, initializer_range=std),
             h=blocks,
-            ln_f=LayerNorm.init(config.Embed, eps=config.layer_norm_epsilon),
+            ln_f=config.init_norm(config.Embed),
         )
-        return Gpt2LMHeadModel(transformer=transformer, config=config, vocab_size=Vocab.size)
+        return cls(transformer=transformer, lm_head=None, config=config, vocab_size=Vocab.size)
 
-    @property
-    def Vocab(self) -> Axis:
-        """The vocabulary axis of the logits (padded if ``config.vocab_padding_multiple > 1``)."""
-        return self.transformer.wte.Vocab
-
-    def activations(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
+    def _embed(
+        self, input_ids: NamedArray, pos_ids: NamedArray | None = None, *, key: jax.Array | None = None
     ) -> NamedArray:
-        """The final hidden states ``(..., position, embed)``, before the output projection.
+        """Token embeddings plus the learned position embeddings ``wpe`` of ``pos_ids``, then dropout (with a key).
 
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal).
-            key: PRNG key for dropout (None: deterministic).
-            pos_ids: the rows of the learned position embedding ``wpe`` to add, over ``position`` (and some batch
-                axes), each below ``config.seq_len``; None: ``0 .. n - 1``.
-
-        Returns:
-            The hidden states after ``ln_f``.
+        ``pos_ids`` are rows of ``wpe``, over ``position`` (and some batch axes), each below ``config.seq_len``;
+        None: ``0 .. n - 1``.
 
         Raises:
             ValueError: if the sequence is longer than ``config.seq_len``.
@@ -430,44 +421,9 @@ class Gpt2LMHeadModel(LmHeadModel):
             raise ValueError(
                 f"Gpt2LMHeadModel: the 'position' axis has size {Pos.size}, more than seq_len={self.config.seq_len}"
             )
-        k_embed, k_layers = (None, None) if key is None else jax.random.split(key)
-        mask = AttentionMask.causal() if attn_mask is None else attn_mask
         positions = hax.arange(Pos, dtype=jnp.int32) if pos_ids is None else pos_ids
         x = self.transformer.wte.embed(input_ids) + self.transformer.wpe.embed(positions)
-        x = _dropout(x, self.config.embed_pdrop, k_embed)
-        layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
-        layer_keys = None if k_layers is None else jax.random.split(k_layers, self.config.num_layers)
-        x = self.transformer.h.fold(x, mask, layer_ids, layer_keys, unroll=self.config.layer_unroll)
-        return self.transformer.ln_f(x)
-
-    def get_lm_head(self) -> NamedArray:
-        """The output projection ``(vocab, embed)``: the token embedding (tied), without padded vocabulary rows."""
-        return _real_vocab_rows(self.transformer.wte.weight, self.Vocab, self.vocab_size)
-
-    def __call__(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> NamedArray:
-        """Logits ``(..., position, vocab)`` for ``input_ids`` ``(..., position)`` (see :class:`LmHeadModel`).
-
-        Args:
-            input_ids: integer ids ``(..., position)``.
-            attn_mask: the attention mask (None: causal).
-            key: PRNG key for dropout (None: deterministic).
-            pos_ids: the position-embedding rows (see :meth:`activations`).
-
-        Returns:
-            The logits; padded vocabulary entries hold the dtype's most negative value.
-
-        Raises:
-            ValueError: if the sequence is longer than ``config.seq_len``.
-        """
-        logits = self.transformer.wte.unembed(self.activations(input_ids, attn_mask, key=key, pos_ids=pos_ids))
-        return mask_padded_vocab(logits, self.Vocab, self.vocab_size)
+        return _dropout(x, self.config.embed_pdrop, key)
 
     def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
         """An empty cache over ``(layers, batch, heads, cache_position, head_size)`` (see :class:`LmHeadModel`).
@@ -483,35 +439,3 @@ class Gpt2LMHeadModel(LmHeadModel):
             )
         dtype = self.transformer.wte.weight.dtype if dtype is None else dtype
         return KvCache.init((config.Layers, Batch, config.Heads), config.HeadSize, max_len, dtype=dtype)
-
-    def decode(
-        self,
-        tokens: NamedArray,
-        cache: KvCache,
-        pos_ids: NamedArray,
-        *,
-        key: jax.Array | None = None,
-        logits_at: NamedArray | None = None,
-    ) -> tuple[NamedArray, KvCache]:
-        """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`).
-
-        ``pos_ids`` also select the learned position embeddings (rows ``< config.seq_len``). No dropout.
-        """
-        del key
-        pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
-        x = self.transformer.wte.embed(tokens) + self.transformer.wpe.embed(pos_ids)
-        layer_ids = hax.arange(self.config.Layers, dtype=jnp.int32)
-        # the stacked cache is the fold's carry and each layer writes its slots in place (no per-layer copies)
-        x, cache = self.transformer.h.fold_via(_decode_block, unroll=self.config.layer_unroll)(
-            (x, cache.at_layer(0)), pos_ids, layer_ids
-        )
-        logits = self.transformer.wte.unembed(self.transformer.ln_f(take_positions(x, logits_at)))
-        return mask_padded_vocab(logits, self.Vocab, self.vocab_size), cache.at_layer(None).for_prefill(False)
-
-
-def _decode_block(
-    block: Gpt2Block, carry: tuple[NamedArray, KvCache], pos_ids: NamedArray, layer_idx: NamedArray
-) -> tuple[NamedArray, KvCache]:
-    """``block.decode`` on layer ``layer_idx`` of the stacked cache (the fold step of ``Gpt2LMHeadModel.decode``)."""
-    x, cache = carry
-    return block.decode(x, cache.at_layer(layer_idx.array), pos_ids, layer_idx)

@@ -219,56 +219,6 @@ class Attention(eqx.Module):
             out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
         return tag(self.o_proj(out), "attn_out")
 
-    def decode(
-        self, x: NamedArray, cache: KvCache, pos_ids: NamedArray, *, window: int | None = None
-    ) -> tuple[NamedArray, KvCache]:
-        """Attend from the tokens of ``x`` over the cache, after writing their keys and values to it.
-
-        Args:
-            x: ``(batch, position, embed)``.
-            cache: this layer's cache (see :meth:`~ponente.models.LmHeadModel.decode`).
-            pos_ids: the tokens' positions over ``(batch, position)`` (rotary embedding and cache slots).
-            window: how many keys (the query's own included) each query sees; None: all earlier ones.
-
-        Returns:
-            ``((batch, position, embed), the updated cache)``.
-        """
-        return self.decode_projected(self.q_proj(x), self.k_proj(x), self.v_proj(x), cache, pos_ids, window=window)
-
-    def decode_projected(
-        self,
-        q: NamedArray,
-        k: NamedArray,
-        v: NamedArray,
-        cache: KvCache,
-        pos_ids: NamedArray,
-        *,
-        window: int | None = None,
-    ) -> tuple[NamedArray, KvCache]:
-        """:meth:`decode` from projected (and possibly normalized) queries, keys and values: rotary, cache, ``o_proj``.
-
-        Args:
-            q: ``(batch, position, kv_heads, q_heads_per_group, head_size)``.
-            k: ``(batch, position, kv_heads, head_size)``.
-            v: like ``k``.
-            cache: this layer's cache.
-            pos_ids: the tokens' positions over ``(batch, position)``.
-            window: the sliding window (None: all earlier keys).
-
-        Returns:
-            ``((batch, position, embed), the updated cache)``.
-        """
-        Pos = q.resolve_axis("position")
-        HeadSize = self.o_proj.weight.resolve_axis("head_size")
-        if self.rotary is not None:
-            q = apply_rotary(q, Pos, HeadSize, self.rotary, pos_ids)
-            k = apply_rotary(k, Pos, HeadSize, self.rotary, pos_ids)
-        cache = cache.update(k, v, pos_ids)
-        out = decode_attention(
-            HeadSize, q, cache, pos_ids, window=window, backend=self.backend, block_size=self.block_size
-        )
-        return self.o_proj(out), cache
-
 
 def decode_attention(
     HeadSize: Axis,

@@ -144,7 +144,7 @@ class Run:
             step_compiled.result()
             startup.mark("waiting for the background work")
 
-        context = RunContext(trainer, tracker, record, validation, task)
+        context = RunContext(trainer, tracker, record, validation, task, state)
         # exports (and the final sample) have plain products: quantization is how the run trains, not the model
         exported = plain_model if tcfg.quantization is not None else _same
         evaluator = task.evaluator(context)

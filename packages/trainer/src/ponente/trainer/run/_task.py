@@ -54,6 +54,9 @@ class RunContext:
         record: the run record (``run_id``, ``run_dir``).
         validation: the validation sets by name.
         task: the task the run trains.
+        state: the state training starts from (the initial state, with pretrained weights or a restored
+            checkpoint), e.g. for a task that samples from the current model; read it in :meth:`Task.hooks` only: the
+            first training step donates its buffers (None where no run made the context).
     """
 
     trainer: Trainer
@@ -61,6 +64,7 @@ class RunContext:
     record: RunRecord
     validation: Mapping[str, Any]
     task: Task
+    state: Any = None
 
     def eval_model(self, model: Any) -> Any:
         """The model as evaluation sees it: :meth:`Task.eval_model`, in the trainer's compute dtype."""
