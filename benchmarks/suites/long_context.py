@@ -2,9 +2,11 @@
 
 Needs several devices: on a CPU run it with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``.
 
-A small Llama (hidden 64, 2 layers, 4 heads, 2 key/value heads, vocabulary 256, batch 8, packed documents) trained by
-the ``Trainer`` on all devices with ``trainer.context_axis_size`` 1, 2, 4, 8 (the rest of the devices form ``data``)
-and ``model.attention_context_parallel`` ``allgather`` and ``ring``, at sequence lengths ``PONENTE_BENCH_SEQS``
+A small Llama (hidden 64, 2 layers, 4 heads, 2 key/value heads, vocabulary 256, packed documents) trained by the
+``Trainer`` on one sequence (batch 1) split over ``trainer.context_axis_size`` = 1, 2, 4, 8 devices (the first that
+many; ``data`` is 1), so the per-device activations should fall as 1/context, with ``model.attention_context_parallel``
+``allgather`` and ``ring`` (the attention backend ``auto``: blockwise on a CPU), at sequence lengths
+``PONENTE_BENCH_SEQS``
 (default ``4096,8192,16384``). For each: the compiled step's per-device memory from XLA's memory analysis (temporaries,
 arguments, outputs) and, up to ``PONENTE_BENCH_TIME_MAX_SEQ`` positions (default 4096), the step time over
 ``PONENTE_BENCH_STEPS`` timed steps (default 3).
@@ -28,7 +30,7 @@ from ponente.trainer.trainer import Trainer, TrainerConfig
 if TYPE_CHECKING:
     from benchmarks.harness import Recorder
 
-BATCH, VOCAB = 8, 256
+BATCH, VOCAB = 1, 256
 
 
 def _rows(seq: int) -> dict[str, np.ndarray]:
@@ -59,6 +61,7 @@ def _one(rec: Recorder, seq: int, context: int, mode: str, steps: int, timed: bo
         ),
         optax.adamw(1e-4),
         lm_loss_fn(context=context),
+        devices=jax.devices()[:context],
     )
     state = trainer.initial_state(lambda k: cfg.build(hax.Axis("vocab", VOCAB), key=k), key=jax.random.key(0))
     batch = trainer.shard_batch(lm_batch(_rows(seq)))
@@ -90,7 +93,7 @@ def _one(rec: Recorder, seq: int, context: int, mode: str, steps: int, timed: bo
         seq_len=seq,
         context_axis_size=context,
         attention_context_parallel=mode,
-        devices=jax.device_count(),
+        devices=context,
         platform=jax.default_backend(),
         **extra,
     )
@@ -108,7 +111,7 @@ def run(rec: Recorder) -> None:
     steps = int(os.environ.get("PONENTE_BENCH_STEPS", "3"))
     for seq in seqs:
         for context in (1, 2, 4, 8):
-            if jax.device_count() % context or BATCH % (jax.device_count() // context):
+            if context > jax.device_count():
                 continue
             for mode in ("allgather", "ring") if context > 1 else ("allgather",):
                 _one(rec, seq, context, mode, steps, timed=seq <= max_timed)

@@ -80,19 +80,46 @@ def test_ring_attention_on_one_device_is_the_reference() -> None:
         np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-5)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_flash_follows_token_indices(case: str) -> None:
+    """The blockwise kernel on permuted tokens (token indices, tiles hidden by the mask skipped) equals the
+    reference on the original order, values and gradients."""
+    window, cap = CASES[case]["window"], CASES[case]["cap"]
+    q, k, v, seg = _inputs()
+    perm = zigzag_permutation(Pos.size, CONTEXT)
+    inverse = np.argsort(perm)
+    mask = AttentionMask.causal(window).with_segment_ids(seg)
+    pmask = AttentionMask.causal(window).with_segment_ids(_permute(seg, perm))
+    pmask = pmask.with_token_index(hax.named(jnp.asarray(perm), (Pos,)))
+
+    def loss(backend, q, k, v, mask, back):
+        out = attention(Pos, HeadSize, q, k, v, mask, backend=backend, block_size=4, logit_soft_cap=cap)
+        return _objective(_permute(out, back) if back is not None else out)
+
+    want = jax.value_and_grad(functools.partial(loss, "reference"), argnums=(0, 1, 2))(q, k, v, mask, None)
+    pq, pk, pv = (_permute(x, perm) for x in (q, k, v))
+    flash = jax.jit(jax.value_and_grad(functools.partial(loss, "flash"), argnums=(0, 1, 2)), static_argnums=(4,))
+    got = flash(pq, pk, pv, pmask, tuple(inverse.tolist()))
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+    for g, w in zip(got[1], want[1], strict=True):
+        np.testing.assert_allclose(np.asarray(_permute(g, inverse).array), np.asarray(w.array), atol=1e-5)
+
+
 @pytest.mark.multidevice
-@pytest.mark.parametrize("mode", ["allgather", "ring"])
+@pytest.mark.parametrize("mode", ["allgather", "allgather_flash", "ring"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> None:
     assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     window, cap = CASES[case]["window"], CASES[case]["cap"]
     q, k, v, seg = _inputs()
     mask = AttentionMask.causal(window).with_segment_ids(seg)
+    backend = "flash" if mode == "allgather_flash" else "reference"
+    strategy = "ring" if mode == "ring" else "allgather"
 
     def attend(q, k, v, mask):
-        if mode == "ring" and mask.token_index is not None:
-            return ring_attention(Pos, HeadSize, q, k, v, mask, logit_soft_cap=cap)
-        return attention(Pos, HeadSize, q, k, v, mask, logit_soft_cap=cap)
+        return attention(
+            Pos, HeadSize, q, k, v, mask, backend=backend, block_size=4, logit_soft_cap=cap, context_parallel=strategy
+        )
 
     def value_and_grads(q, k, v, mask):
         out = attend(q, k, v, mask)
@@ -127,6 +154,8 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
         out, grads = run(pq, pk, pv, pmask)
     if mode == "ring":  # key/value blocks travel around the ring, never gathered
         assert "collective_permute" in hlo or "collective-permute" in hlo
+    else:
+        assert "all_gather" in hlo or "all-gather" in hlo
     # each device holds a quarter of the query rows (and half of the batch)
     shard = out.array.addressable_shards[0].data
     assert shard.shape[out.axis_indices("position")] == Pos.size // CONTEXT

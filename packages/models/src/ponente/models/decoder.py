@@ -50,7 +50,6 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 from ._layer_types import select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions
-from .attention.ring import context_axis, ring_attention
 from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
 from .moe import MoeMlp, RouterOutput, expert_load, router_metrics
@@ -447,11 +446,6 @@ def _attend(
     if rotary is not None:
         q = apply_rotary(q, Pos, HeadSize, rotary, pos_ids)
         k = apply_rotary(k, Pos, HeadSize, rotary, pos_ids)
-    ring = a.context_parallel == "ring" and sinks is None and not isinstance(mask, NamedArray)
-    if cache is None and ring and context_axis(Pos)[1] > 1:
-        # ``position`` split over a mesh axis: the key/value blocks go around it
-        out = ring_attention(Pos, HeadSize, q, k, v, mask, scaling_factor=scaling, logit_soft_cap=soft_cap)
-        return tag(out, "attn_context"), None
     if cache is None:
         out = attention(
             Pos,
@@ -465,6 +459,7 @@ def _attend(
             block_size=a.block_size,
             logit_soft_cap=soft_cap,
             sinks=sinks,
+            context_parallel=a.context_parallel,
         )
         return out, None
     if pos_ids is None:

@@ -11,10 +11,10 @@ from ponente.namedtensor.nn import Linear
 from ..remat import tag
 from ..rotary import RotaryConfig, apply_rotary
 from ._mask import AttentionMask
-from .backends import ATTENTION_BACKENDS, AttentionCall, check_backend_name, resolve_backend
+from .backends import ATTENTION_BACKENDS, AttentionCall, auto_backend, check_backend_name, resolve_backend
 from .kv_cache import CACHE_POSITION, KvCache, cached_attention
 from .reference import KEY_POSITION, dot_product_attention
-from .ring import ATTENTION_CONTEXT_PARALLEL, context_axis, ring_attention
+from .ring import ATTENTION_CONTEXT_PARALLEL, context_axis, context_parallel_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -44,6 +44,7 @@ def attention(
     block_size: int = 128,
     logit_soft_cap: float | None = None,
     sinks: NamedArray | None = None,
+    context_parallel: str = "allgather",
 ) -> NamedArray:
     """Attention over the shared position axis ``Pos``, computed by the chosen backend.
 
@@ -70,6 +71,11 @@ def attention(
             None: no cap.
         sinks: per-head sink logits over the query's head axes, added to the softmax's denominator (gpt-oss; only
             ``"reference"`` computes them, and ``"auto"`` picks it); None: none.
+        context_parallel: when the current mesh splits ``Pos`` (context parallelism) and ``mask`` is an
+            :class:`AttentionMask`, ``"allgather"`` or ``"ring"``: each device attends its own query rows inside
+            ``shard_map`` (:func:`~ponente.models.attention.ring.context_parallel_attention`); with
+            ``"allgather"``, blockwise when the backend (``"auto"`` resolved for the call) is not ``"reference"``.
+            Calls with sinks or an explicit mask are left to the compiler's partitioning.
 
     Returns:
         The attended values with the query's axes.
@@ -89,6 +95,23 @@ def attention(
     """
     call = AttentionCall.of(Pos, HeadSize, query, key, value, mask, logit_soft_cap, sinks=sinks is not None)
     query, key, value = tag((query, key, value), "attn_qkv")
+    if sinks is None and isinstance(mask, AttentionMask) and context_axis(Pos)[1] > 1:
+        _check_backend(backend)
+        chosen = auto_backend(call) if backend == "auto" else backend
+        out = context_parallel_attention(
+            Pos,
+            HeadSize,
+            query,
+            key,
+            value,
+            mask,
+            mode=context_parallel,
+            blockwise=chosen != "reference",
+            block_size=block_size,
+            scaling_factor=scaling_factor,
+            logit_soft_cap=logit_soft_cap,
+        )
+        return tag(out, "attn_context")
     out = resolve_backend(backend, call).fn(
         Pos,
         HeadSize,
@@ -157,7 +180,7 @@ class Attention(eqx.Module):
             backend: the attention backend (``"auto"`` or a name in ``ATTENTION_BACKENDS``; see :func:`attention`).
             block_size: the flash-attention tile size over positions.
             context_parallel: with ``position`` split over a mesh axis, ``"allgather"`` (keys and values gathered,
-                then ``backend``) or ``"ring"`` (:func:`~ponente.models.attention.ring.ring_attention`).
+                then ``backend``) or ``"ring"`` (:func:`~ponente.models.attention.ring.context_parallel_attention`).
 
         Returns:
             The layer.
@@ -213,10 +236,17 @@ class Attention(eqx.Module):
         if self.rotary is not None:
             q = apply_rotary(q, Pos, HeadSize, self.rotary, pos_ids)
             k = apply_rotary(k, Pos, HeadSize, self.rotary, pos_ids)
-        if self.context_parallel == "ring" and context_axis(Pos)[1] > 1 and not isinstance(mask, NamedArray):
-            out = tag(ring_attention(Pos, HeadSize, q, k, v, mask), "attn_context")
-        else:
-            out = attention(Pos, HeadSize, q, k, v, mask, backend=self.backend, block_size=self.block_size)
+        out = attention(
+            Pos,
+            HeadSize,
+            q,
+            k,
+            v,
+            mask,
+            backend=self.backend,
+            block_size=self.block_size,
+            context_parallel=self.context_parallel,
+        )
         return tag(self.o_proj(out), "attn_out")
 
 

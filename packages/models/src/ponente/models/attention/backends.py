@@ -98,8 +98,8 @@ class AttentionBackend:
         """None if the backend computes ``call``, else a phrase saying what it does not support."""
         if call.sinks and not self.sinks:
             return "attention sinks (only 'reference' computes them)"
-        if call.token_index and self.fn is not reference_attention:
-            return "a mask ordered by token indices (context parallelism's zig-zag split; only 'reference' takes it)"
+        if call.token_index and self.fn not in (reference_attention, flash_attention):
+            return "a mask ordered by token indices (context parallelism's zig-zag split; 'reference' and 'flash')"
         return self.supports(call)
 
 

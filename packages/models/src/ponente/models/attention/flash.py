@@ -4,8 +4,10 @@ The forward pass walks the key/value blocks of each query block keeping a runnin
 (the online softmax), so the ``(position, key_position)`` score matrix only ever exists one
 ``(block, block)`` tile at a time. The backward pass (a :func:`jax.custom_vjp`) stores only the output and
 the per-query log-sum-exp and recomputes each tile. Masks are computed per tile from an
-:class:`~ponente.models.AttentionMask` description (causal, sliding window, segment ids); key blocks that
-a query block cannot see (above the causal diagonal, outside the sliding window) are not visited. Scores may be
+:class:`~ponente.models.AttentionMask` description (causal, sliding window, segment ids, token indices); key blocks
+that a query block cannot see (above the causal diagonal, outside the sliding window) are not visited. With token
+indices (tokens in another order than the position axis, or a device's queries against every key under context
+parallelism), the masks compare the indices, and tiles the mask hides entirely are skipped at run time. Scores may be
 soft-capped (Gemma 2: ``cap * tanh(score / cap)`` after scaling, before masking); the backward pass applies the
 derivative of the cap, ``1 - tanh²``, to each recomputed tile.
 """
@@ -34,15 +36,21 @@ class _Spec:
     """Static description of one flash-attention call (hashable: a ``nondiff`` argument of the custom VJP)."""
 
     block: int  # tile size for both query and key blocks
-    length: int  # the real (unpadded) sequence length; keys at or beyond it are masked
+    length: int  # the real (unpadded) number of keys; keys at or beyond it are masked
     causal: bool
     window: int | None
     scale: float
     soft_cap: float | None = None
+    # causality and windows compare explicit token indices (``q_idx``/``k_idx``: context parallelism's zig-zag order)
+    # instead of the block order; every tile is then visited, and one that the mask hides entirely is skipped at run
+    # time (``lax.cond``) rather than by the loop bounds
+    indexed: bool = False
 
     def kv_range(self, i: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array]:
         """Key blocks ``[lo, hi)`` that query block ``i`` may see."""
         lo = jnp.zeros((), jnp.int32)
+        if self.indexed:
+            return lo, jnp.asarray(num_blocks, jnp.int32)
         if self.window is not None:  # keys k > q - window; the first query of block i is i * block
             lo = jnp.maximum(lo, (i * self.block - self.window + 1) // self.block)
         hi = i + 1 if self.causal else jnp.asarray(num_blocks, jnp.int32)
@@ -50,27 +58,43 @@ class _Spec:
 
     def q_range(self, j: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array]:
         """Query blocks ``[lo, hi)`` that may see key block ``j``."""
-        lo = j if self.causal else jnp.zeros((), jnp.int32)
         hi = jnp.asarray(num_blocks, jnp.int32)
+        if self.indexed:
+            return jnp.zeros((), jnp.int32), hi
+        lo = j if self.causal else jnp.zeros((), jnp.int32)
         if self.window is not None:  # the last key of block j is seen by queries q < key + window
             last_q = j * self.block + self.block - 1 + self.window - 1
             hi = jnp.minimum(hi, last_q // self.block + 1)
         return lo, hi
 
-    def tile_mask(self, i: jax.Array, j: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None) -> jax.Array:
-        """Boolean ``[..., 1, block, block]``: may query ``i*block + a`` attend to key ``j*block + c``."""
-        qpos = i * self.block + jnp.arange(self.block)[:, None]
-        kpos = j * self.block + jnp.arange(self.block)[None, :]
-        allowed = jnp.broadcast_to(kpos < self.length, (self.block, self.block))
+    def tile_mask(self, i: jax.Array, j: jax.Array, seg: _Ids, idx: _Ids) -> jax.Array:
+        """Boolean ``[..., 1, block, block]``: may query ``a`` of block ``i`` attend to key ``c`` of block ``j``."""
+        kslot = j * self.block + jnp.arange(self.block)[None, :]
+        allowed = jnp.broadcast_to(kslot < self.length, (self.block, self.block))
+        if idx is None:
+            qpos, kpos = i * self.block + jnp.arange(self.block)[:, None], kslot
+        else:
+            qpos = lax.dynamic_slice_in_dim(idx[0], i * self.block, self.block)[:, None]
+            kpos = lax.dynamic_slice_in_dim(idx[1], j * self.block, self.block)[None, :]
         if self.causal:
             allowed = allowed & (kpos <= qpos)
         if self.window is not None:
             allowed = allowed & (qpos - kpos < self.window)
-        if q_seg is not None and k_seg is not None:
-            qs = lax.dynamic_slice_in_dim(q_seg, i * self.block, self.block, axis=-1)
-            ks = lax.dynamic_slice_in_dim(k_seg, j * self.block, self.block, axis=-1)
+        if seg is not None:
+            qs = lax.dynamic_slice_in_dim(seg[0], i * self.block, self.block, axis=-1)
+            ks = lax.dynamic_slice_in_dim(seg[1], j * self.block, self.block, axis=-1)
             allowed = allowed & (qs[..., :, None] == ks[..., None, :])
         return allowed[..., None, :, :]
+
+    def visit_if_seen(self, mask: jax.Array, step: Any, carry: Any) -> Any:
+        """``step(carry)``, skipped (``carry`` unchanged) in indexed mode when ``mask`` hides the whole tile."""
+        if not self.indexed:
+            return step(carry)
+        return lax.cond(jnp.any(mask), step, lambda c: c, carry)
+
+
+_Ids = tuple[jax.Array, jax.Array] | None
+"""Per-position ids of the queries and of the keys (segment ids ``[..., L]``, or token indices ``[L]``), or None."""
 
 
 def _tile(x: jax.Array, index: jax.Array, block: int, axis: int) -> jax.Array:
@@ -91,41 +115,50 @@ def _scores(spec: _Spec, qi: jax.Array, kj: jax.Array, mask: jax.Array) -> tuple
     return jnp.where(mask, s, -jnp.inf), slope
 
 
+def _pair(q_ids: jax.Array | None, k_ids: jax.Array | None) -> _Ids:
+    return None if q_ids is None or k_ids is None else (q_ids, k_ids)
+
+
 def _forward(
-    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None
+    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, seg: _Ids, idx: _Ids
 ) -> tuple[jax.Array, jax.Array]:
-    """Output ``[..., g, L, Dv]`` and log-sum-exp ``[..., g, L]`` (0 for rows that see no key, whose output is 0)."""
+    """Output ``[..., g, Lq, Dv]`` and log-sum-exp ``[..., g, Lq]`` (0 for rows that see no key, whose output is 0)."""
     rows = q.shape[:-2]  # (batch..., g)
     length, blk = q.shape[-2], spec.block
-    n = length // blk
+    num_kv = k.shape[-2] // blk
 
     def query_block(i: jax.Array) -> tuple[jax.Array, jax.Array]:
         qi = _tile(q, i, blk, -2)
 
         def visit(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, ...]:
-            m, total, acc = carry
-            s, _ = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
-            m_new = jnp.maximum(m, s.max(-1))
-            # a row that has seen no allowed key yet keeps m = -inf; shift by 0 instead to avoid inf - inf
-            shift = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
-            p = jnp.exp(s - shift[..., None])
-            rescale = jnp.exp(m - shift)
-            total = rescale * total + p.sum(-1)
-            acc = rescale[..., None] * acc + jnp.einsum("...gqk,...kd->...gqd", p, _tile(v, j, blk, -2))
-            return m_new, total, acc
+            mask = spec.tile_mask(i, j, seg, idx)
+
+            def step(carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+                m, total, acc = carry
+                s, _ = _scores(spec, qi, _tile(k, j, blk, -2), mask)
+                m_new = jnp.maximum(m, s.max(-1))
+                # a row that has seen no allowed key yet keeps m = -inf; shift by 0 instead to avoid inf - inf
+                shift = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
+                p = jnp.exp(s - shift[..., None])
+                rescale = jnp.exp(m - shift)
+                total = rescale * total + p.sum(-1)
+                acc = rescale[..., None] * acc + jnp.einsum("...gqk,...kd->...gqd", p, _tile(v, j, blk, -2))
+                return m_new, total, acc
+
+            return spec.visit_if_seen(mask, step, carry)
 
         init = (
             jnp.full((*rows, blk), -jnp.inf, q.dtype),
             jnp.zeros((*rows, blk), q.dtype),
             jnp.zeros((*rows, blk, v.shape[-1]), q.dtype),
         )
-        lo, hi = spec.kv_range(i, n)
+        lo, hi = spec.kv_range(i, num_kv)
         m, total, acc = lax.fori_loop(lo, hi, visit, init)
         seen = total > 0
         safe_total = jnp.where(seen, total, 1.0)
         return acc / safe_total[..., None], jnp.where(seen, m + jnp.log(safe_total), 0.0)
 
-    out, lse = lax.map(query_block, jnp.arange(n, dtype=jnp.int32))
+    out, lse = lax.map(query_block, jnp.arange(length // blk, dtype=jnp.int32))
     return _unblock(out, 1, (*rows, length, v.shape[-1])), _unblock(lse, 0, (*rows, length))
 
 
@@ -136,28 +169,43 @@ def _unblock(stacked: jax.Array, features: int, shape: tuple[int, ...]) -> jax.A
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(
-    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None
+    spec: _Spec,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    q_idx: jax.Array | None,
+    k_idx: jax.Array | None,
 ) -> jax.Array:
-    return _forward(spec, q, k, v, q_seg, k_seg)[0]
+    return _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))[0]
 
 
 def _flash_fwd(
-    spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, q_seg: jax.Array | None, k_seg: jax.Array | None
+    spec: _Spec,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    q_idx: jax.Array | None,
+    k_idx: jax.Array | None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    out, lse = _forward(spec, q, k, v, q_seg, k_seg)
-    return out, (q, k, v, q_seg, k_seg, out, lse)
+    out, lse = _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
+    return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
 
 
 def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
-    q, k, v, q_seg, k_seg, out, lse = res
-    length, blk = q.shape[-2], spec.block
-    n = length // blk
+    q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse = res
+    seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+    blk = spec.block
+    num_q, num_kv = q.shape[-2] // blk, k.shape[-2] // blk
     delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
 
-    def tile_grads(i: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    def tile_grads(i: jax.Array, j: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """Probabilities ``p`` and scaled-score gradients ``ds`` of tile (i, j), plus the query-side slices."""
         qi, doi = _tile(q, i, blk, -2), _tile(dout, i, blk, -2)
-        s, slope = _scores(spec, qi, _tile(k, j, blk, -2), spec.tile_mask(i, j, q_seg, k_seg))
+        s, slope = _scores(spec, qi, _tile(k, j, blk, -2), mask)
         p = jnp.exp(s - _tile(lse, i, blk, -1)[..., None])
         dp = jnp.einsum("...gqd,...kd->...gqk", doi, _tile(v, j, blk, -2))
         ds = p * (dp - _tile(delta, i, blk, -1)[..., None])  # wrt the (capped) logits
@@ -167,30 +215,39 @@ def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any,
 
     def dq_block(i: jax.Array) -> jax.Array:
         def visit(j: jax.Array, dq: jax.Array) -> jax.Array:
-            _, ds, _, _ = tile_grads(i, j)
-            return dq + jnp.einsum("...gqk,...kd->...gqd", ds, _tile(k, j, blk, -2))
+            mask = spec.tile_mask(i, j, seg, idx)
 
-        lo, hi = spec.kv_range(i, n)
+            def step(dq: jax.Array) -> jax.Array:
+                _, ds, _, _ = tile_grads(i, j, mask)
+                return dq + jnp.einsum("...gqk,...kd->...gqd", ds, _tile(k, j, blk, -2))
+
+            return spec.visit_if_seen(mask, step, dq)
+
+        lo, hi = spec.kv_range(i, num_kv)
         init = jnp.zeros((*q.shape[:-2], blk, q.shape[-1]), q.dtype)
         return lax.fori_loop(lo, hi, visit, init) * spec.scale
 
     def dkv_block(j: jax.Array) -> tuple[jax.Array, jax.Array]:
         def visit(i: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-            dk, dvj = carry
-            p, ds, qi, doi = tile_grads(i, j)
-            dk = dk + jnp.einsum("...gqk,...gqd->...kd", ds, qi)
-            return dk, dvj + jnp.einsum("...gqk,...gqd->...kd", p, doi)
+            mask = spec.tile_mask(i, j, seg, idx)
 
-        lo, hi = spec.q_range(j, n)
+            def step(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+                dk, dvj = carry
+                p, ds, qi, doi = tile_grads(i, j, mask)
+                dk = dk + jnp.einsum("...gqk,...gqd->...kd", ds, qi)
+                return dk, dvj + jnp.einsum("...gqk,...gqd->...kd", p, doi)
+
+            return spec.visit_if_seen(mask, step, carry)
+
+        lo, hi = spec.q_range(j, num_q)
         kv_rows = k.shape[:-2]
         init = (jnp.zeros((*kv_rows, blk, k.shape[-1]), k.dtype), jnp.zeros((*kv_rows, blk, v.shape[-1]), v.dtype))
         dk, dvj = lax.fori_loop(lo, hi, visit, init)
         return dk * spec.scale, dvj
 
-    blocks = jnp.arange(n, dtype=jnp.int32)
-    dk, dv = lax.map(dkv_block, blocks)
-    dq = _unblock(lax.map(dq_block, blocks), 1, q.shape)
-    return dq, _unblock(dk, 1, k.shape), _unblock(dv, 1, v.shape), None, None
+    dk, dv = lax.map(dkv_block, jnp.arange(num_kv, dtype=jnp.int32))
+    dq = _unblock(lax.map(dq_block, jnp.arange(num_q, dtype=jnp.int32)), 1, q.shape)
+    return dq, _unblock(dk, 1, k.shape), _unblock(dv, 1, v.shape), None, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -208,28 +265,45 @@ def _flash_arrays(
     window: int | None,
     scale: float,
     soft_cap: float | None = None,
+    q_idx: jax.Array | None = None,
+    k_idx: jax.Array | None = None,
 ) -> jax.Array:
-    """Flash attention on positional arrays: ``q [..., g, L, D]``, ``k [..., L, D]``, ``v [..., L, Dv]``.
+    """Flash attention on positional arrays: ``q [..., g, Lq, D]``, ``k [..., Lk, D]``, ``v [..., Lk, Dv]``.
 
     The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
-    segment ids are ``[..., L]``. Pads ``L`` up to a multiple of the block (padded keys are masked, padded
-    queries dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
+    segment ids are ``[..., Lq]`` and ``[..., Lk]``. Without token indices the queries and keys are the same
+    positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original index of each
+    query and key, e.g. a device's queries against all keys under context parallelism), causality and windows
+    compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded queries
+    dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
     """
-    length = q.shape[-2]
-    blk = min(block_size, length)
-    pad = -(-length // blk) * blk - length
-    if pad:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    indexed = q_idx is not None and k_idx is not None and (causal or window is not None)
+    if not indexed and q_len != k_len:
+        raise ValueError(f"flash attention: {q_len} queries and {k_len} keys need token indices")
+    blk = min(block_size, q_len, k_len)
 
-        def pad_positions(x: jax.Array, axis: int) -> jax.Array:
-            widths = [(0, 0)] * x.ndim
-            widths[axis] = (0, pad)
-            return jnp.pad(x, widths, constant_values=-1 if jnp.issubdtype(x.dtype, jnp.integer) else 0)
+    def pad_positions(x: jax.Array, axis: int) -> jax.Array:
+        pad = -(-x.shape[axis] // blk) * blk - x.shape[axis]
+        if not pad:
+            return x
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, pad)
+        return jnp.pad(x, widths, constant_values=-1 if jnp.issubdtype(x.dtype, jnp.integer) else 0)
 
-        q, k, v = (pad_positions(x, x.ndim - 2) for x in (q, k, v))
-        if q_seg is not None and k_seg is not None:
-            q_seg, k_seg = pad_positions(q_seg, q_seg.ndim - 1), pad_positions(k_seg, k_seg.ndim - 1)
-    spec = _Spec(block=blk, length=length, causal=causal, window=window, scale=scale, soft_cap=soft_cap)
-    return _flash(spec, q, k, v, q_seg, k_seg)[..., :length, :]
+    q, k, v = (pad_positions(x, x.ndim - 2) for x in (q, k, v))
+    if q_seg is not None and k_seg is not None:
+        q_seg, k_seg = pad_positions(q_seg, q_seg.ndim - 1), pad_positions(k_seg, k_seg.ndim - 1)
+    else:
+        q_seg = k_seg = None
+    if indexed and q_idx is not None and k_idx is not None:
+        q_idx, k_idx = pad_positions(q_idx.astype(jnp.int32), 0), pad_positions(k_idx.astype(jnp.int32), 0)
+    else:
+        q_idx = k_idx = None
+    spec = _Spec(
+        block=blk, length=k_len, causal=causal, window=window, scale=scale, soft_cap=soft_cap, indexed=indexed
+    )
+    return _flash(spec, q, k, v, q_seg, k_seg, q_idx, k_idx)[..., :q_len, :]
 
 
 def _check_axes(Pos: Axis, HeadSize: Axis, query: NamedArray, key: NamedArray, value: NamedArray) -> None:
@@ -276,8 +350,9 @@ def flash_attention(
         query: ``(..., Pos, heads..., HeadSize)``.
         key: ``(..., Pos, kv heads..., HeadSize)``.
         value: the key's axes, except that ``HeadSize`` may be replaced by other feature axes.
-        mask: an :class:`~ponente.models.AttentionMask` or None (no masking). Explicit boolean NamedArray
-            masks are not supported by this backend.
+        mask: an :class:`~ponente.models.AttentionMask` or None (no masking); with a ``token_index`` (over
+            ``Pos`` alone), causality and windows follow it. Explicit boolean NamedArray masks are not supported by
+            this backend.
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
         block_size: the tile size over positions (clipped to the sequence length; the sequence is padded
             to a multiple of it).
@@ -356,6 +431,13 @@ def flash_attention(
                 f"flash_attention: segment_ids axes {extra} are not batch axes of the key ({list(batch_names)})"
             )
         seg = hax.broadcast_to(ids, (*kv_batch, Pos)).array
+    index: jax.Array | None = None
+    if mask is not None and mask.token_index is not None:
+        if mask.token_index.axes != (Pos,):
+            raise ValueError(
+                f"flash_attention: token_index must be over {Pos.name!r} alone, got {mask.token_index.axes}"
+            )
+        index = mask.token_index.array
 
     out = _flash_arrays(
         q_raw.astype(acc),
@@ -369,6 +451,8 @@ def flash_attention(
         window=None if mask is None else mask.sliding_window,
         scale=1.0 / math.sqrt(HeadSize.size) if scaling_factor is None else float(scaling_factor),
         soft_cap=None if logit_soft_cap is None else float(logit_soft_cap),
+        q_idx=index,
+        k_idx=index,
     )
     axes = (*kv_batch, *q_extra, Pos, *v_feat)
     named = NamedArray(out.reshape(tuple(ax.size for ax in axes)).astype(out_dtype), axes)

@@ -13,10 +13,12 @@ Without a mesh, or with ``position`` not split, the same online-softmax loop run
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 import ponente.namedtensor as hax
@@ -24,8 +26,9 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.partitioning import current_mesh, physical_axis_name, pspec_for_axis
 
 from ._mask import AttentionMask
+from .flash import _flash_arrays
 
-__all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "ring_attention"]
+__all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
 ATTENTION_CONTEXT_PARALLEL = ("allgather", "ring")
 """The attention strategies under context parallelism (``model.attention_context_parallel``): ``"allgather"``
@@ -135,6 +138,171 @@ def _ring_local(
     return out.reshape(*shared_shape, lq, *rest_shape, d).astype(v.dtype)
 
 
+def _gathered_local(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_idx: jax.Array,
+    k_idx: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    *,
+    axis: str | None,
+    devices: int,
+    n_shared: int,
+    scale: float,
+    causal: bool,
+    window: int | None,
+    soft_cap: float | None,
+    block_size: int | None,
+) -> jax.Array:
+    """One device's part of all-gather attention: its queries against every key and value of the context axis.
+
+    Keys, values, their token indices and segment ids are gathered over ``axis``; then either the blockwise kernel
+    (``block_size`` set: :mod:`.flash` with token indices, O(queries x block) memory) or the materialized scores
+    (``block_size`` None: one merge of :func:`_ring_local`)."""
+    if axis is not None:
+        k, v = (jax.lax.all_gather(x, axis, axis=n_shared, tiled=True) for x in (k, v))
+        k_idx = jax.lax.all_gather(k_idx, axis, axis=0, tiled=True)
+        if k_seg is not None:
+            k_seg = jax.lax.all_gather(k_seg, axis, axis=n_shared, tiled=True)
+    if block_size is None:
+        return _ring_local(
+            q,
+            k,
+            v,
+            q_idx,
+            k_idx,
+            q_seg,
+            k_seg,
+            axis=None,
+            devices=1,
+            n_shared=n_shared,
+            scale=scale,
+            causal=causal,
+            window=window,
+            soft_cap=soft_cap,
+        )
+    # flash layout: (shared..., g, Lq, D) with the query-only axes (``rest``) folded into g
+    lq, d = q.shape[n_shared], q.shape[-1]
+    n_rest = q.ndim - n_shared - 2
+    order = (*range(n_shared), *range(n_shared + 1, n_shared + 1 + n_rest), n_shared, q.ndim - 1)
+    qt = jnp.transpose(q, order)
+    rest_shape = qt.shape[n_shared : n_shared + n_rest]
+    qf = qt.reshape(*q.shape[:n_shared], -1, lq, d)
+    out = _flash_arrays(
+        qf.astype(jnp.float32),
+        k.astype(jnp.float32),
+        v.astype(jnp.float32),
+        q_seg,
+        k_seg,
+        block_size=block_size,
+        causal=causal or window is not None,
+        window=window,
+        scale=scale,
+        soft_cap=soft_cap,
+        q_idx=q_idx,
+        k_idx=k_idx,
+    )
+    out = out.reshape(*q.shape[:n_shared], *rest_shape, lq, v.shape[-1])
+    return jnp.transpose(out, tuple(int(i) for i in np.argsort(order))).astype(v.dtype)
+
+
+def context_parallel_attention(
+    Pos: Axis,
+    HeadSize: Axis,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: AttentionMask | NamedArray | None,
+    *,
+    mode: str = "ring",
+    blockwise: bool = False,
+    block_size: int = 128,
+    scaling_factor: float | None = None,
+    logit_soft_cap: float | None = None,
+) -> NamedArray:
+    """Attention with the contract of :func:`~ponente.models.attention.attention` with ``Pos`` split over a mesh
+    axis (context parallelism), each device computing its own query rows inside ``shard_map``.
+
+    ``mode="ring"`` passes the key/value blocks around the devices (see the module). ``mode="allgather"`` gathers
+    the keys and values (small with grouped-query attention) with their token indices and segment ids, then
+    attends the device's queries to all of them: blockwise (``blockwise=True``: the ``flash`` kernel with token
+    indices, O(queries x ``block_size``) memory) or with materialized ``(queries, keys)`` scores.
+
+    Args:
+        Pos: the position axis of query, key and value.
+        HeadSize: the contracted per-head axis.
+        query: ``(..., Pos, heads..., HeadSize)``.
+        key: ``(..., Pos, kv heads..., HeadSize)``.
+        value: like ``key``.
+        mask: an :class:`~ponente.models.AttentionMask` or None.
+        mode: ``"ring"`` or ``"allgather"``.
+        blockwise: with ``"allgather"``, compute each device's part with the blockwise kernel.
+        block_size: its tile size.
+        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
+        logit_soft_cap: caps the scaled logits (``cap * tanh(logits / cap)``) before masking; None: no cap.
+
+    Returns:
+        The attended values with the query's axes (the value's dtype).
+
+    Raises:
+        ValueError: for an explicit boolean mask (the mask is built per device from its description) or an unknown
+            ``mode``.
+    """
+    if mask is not None and not isinstance(mask, AttentionMask):
+        raise ValueError(
+            "context-parallel attention: pass an AttentionMask (causal, sliding window, segment ids, token index)"
+        )
+    if mode not in ATTENTION_CONTEXT_PARALLEL:
+        raise ValueError(f"context-parallel attention: mode must be one of {ATTENTION_CONTEXT_PARALLEL}, got {mode!r}")
+    scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
+    shared = tuple(ax for ax in key.axes if ax.name not in (Pos.name, HeadSize.name))
+    rest = tuple(ax for ax in query.axes if ax.name not in (Pos.name, HeadSize.name) and not key.has_axis(ax.name))
+    D = query.resolve_axis(HeadSize.name)
+    q = query.rearrange((*shared, Pos, *rest, D))
+    k = key.rearrange((*shared, Pos, D))
+    v = value.rearrange((*shared, Pos, D))
+    index = hax.arange(Pos) if mask is None or mask.token_index is None else mask.token_index
+    if index.axes != (Pos,):
+        raise ValueError(f"context-parallel attention: token_index must be over {Pos.name!r} alone, got {index.axes}")
+    seg = None
+    if mask is not None and mask.segment_ids is not None:
+        seg = hax.broadcast_to(mask.segment_ids, (*shared, Pos)).rearrange((*shared, Pos)).array
+    axis, devices = context_axis(Pos)
+    kwargs: dict[str, Any] = {
+        "n_shared": len(shared),
+        "scale": scale,
+        "causal": mask is not None and mask.is_causal,
+        "window": None if mask is None else mask.sliding_window,
+        "soft_cap": logit_soft_cap,
+    }
+    if mode == "allgather":
+        local: Any = functools.partial(_gathered_local, block_size=block_size if blockwise else None)
+    else:
+        local = _ring_local
+    if axis is None:
+        out = local(q.array, k.array, v.array, index.array, index.array, seg, seg, axis=None, devices=1, **kwargs)
+    else:
+        q_spec, k_spec = pspec_for_axis(q.axes), pspec_for_axis(k.axes)
+        idx_spec = PartitionSpec(axis)
+        seg_spec = pspec_for_axis((*shared, Pos))
+        present = seg is not None
+
+        def body(qa: Any, ka: Any, va: Any, ia: Any, *segs: Any) -> Any:
+            s = segs[0] if present else None
+            return local(qa, ka, va, ia, ia, s, s, axis=axis, devices=devices, **kwargs)
+
+        out = jax.shard_map(
+            body,
+            mesh=_mesh(),
+            in_specs=(q_spec, k_spec, k_spec, idx_spec, *((seg_spec,) if present else ())),
+            out_specs=q_spec,
+            check_vma=False,
+        )(q.array, k.array, v.array, index.array, *((seg,) if present else ()))
+    return hax.named(out, q.axes).rearrange(query.axes)
+
+
 def ring_attention(
     Pos: Axis,
     HeadSize: Axis,
@@ -146,69 +314,15 @@ def ring_attention(
     scaling_factor: float | None = None,
     logit_soft_cap: float | None = None,
 ) -> NamedArray:
-    """Attention with the contract of :func:`~ponente.models.attention.attention` computed around the ring of the
-    mesh axis ``Pos`` maps to (see the module).
-
-    Args:
-        Pos: the position axis of query, key and value.
-        HeadSize: the contracted per-head axis.
-        query: ``(..., Pos, heads..., HeadSize)``.
-        key: ``(..., Pos, kv heads..., HeadSize)``.
-        value: like ``key``.
-        mask: an :class:`~ponente.models.AttentionMask` or None.
-        scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
-        logit_soft_cap: caps the scaled logits (``cap * tanh(logits / cap)``) before masking; None: no cap.
-
-    Returns:
-        The attended values with the query's axes (the value's dtype).
-
-    Raises:
-        ValueError: for an explicit boolean mask (ring attention builds its mask per block).
-    """
-    if mask is not None and not isinstance(mask, AttentionMask):
-        raise ValueError("ring attention: pass an AttentionMask (causal, sliding window, segment ids, token index)")
-    scale = 1.0 / (HeadSize.size**0.5) if scaling_factor is None else scaling_factor
-    shared = tuple(ax for ax in key.axes if ax.name not in (Pos.name, HeadSize.name))
-    rest = tuple(ax for ax in query.axes if ax.name not in (Pos.name, HeadSize.name) and not key.has_axis(ax.name))
-    D = query.resolve_axis(HeadSize.name)
-    q = query.rearrange((*shared, Pos, *rest, D))
-    k = key.rearrange((*shared, Pos, D))
-    v = value.rearrange((*shared, Pos, D))
-    index = hax.arange(Pos) if mask is None or mask.token_index is None else mask.token_index
-    if index.axes != (Pos,):
-        raise ValueError(f"ring attention: token_index must be over {Pos.name!r} alone, got {index.axes}")
-    seg = None
-    if mask is not None and mask.segment_ids is not None:
-        seg = hax.broadcast_to(mask.segment_ids, (*shared, Pos)).rearrange((*shared, Pos)).array
-    causal = mask is not None and mask.is_causal
-    window = None if mask is None else mask.sliding_window
-    axis, devices = context_axis(Pos)
-    kwargs: dict[str, Any] = {
-        "n_shared": len(shared),
-        "scale": scale,
-        "causal": causal,
-        "window": window,
-        "soft_cap": logit_soft_cap,
-    }
-    if axis is None:
-        out = _ring_local(
-            q.array, k.array, v.array, index.array, index.array, seg, seg, axis=None, devices=1, **kwargs
-        )
-    else:
-        q_spec, k_spec = pspec_for_axis(q.axes), pspec_for_axis(k.axes)
-        idx_spec = PartitionSpec(axis)
-        seg_spec = pspec_for_axis((*shared, Pos))
-        present = seg is not None
-
-        def body(qa: Any, ka: Any, va: Any, ia: Any, *segs: Any) -> Any:
-            s = segs[0] if present else None
-            return _ring_local(qa, ka, va, ia, ia, s, s, axis=axis, devices=devices, **kwargs)
-
-        out = jax.shard_map(
-            body,
-            mesh=_mesh(),
-            in_specs=(q_spec, k_spec, k_spec, idx_spec, *((seg_spec,) if present else ())),
-            out_specs=q_spec,
-            check_vma=False,
-        )(q.array, k.array, v.array, index.array, *((seg,) if present else ()))
-    return hax.named(out, q.axes).rearrange(query.axes)
+    """Ring attention: :func:`context_parallel_attention` with ``mode="ring"`` (see the module)."""
+    return context_parallel_attention(
+        Pos,
+        HeadSize,
+        query,
+        key,
+        value,
+        mask,
+        mode="ring",
+        scaling_factor=scaling_factor,
+        logit_soft_cap=logit_soft_cap,
+    )
