@@ -9,7 +9,8 @@ many; ``data`` is 1), so the per-device activations should fall as 1/context, wi
 ``PONENTE_BENCH_SEQS``
 (default ``4096,8192,16384``). For each: the compiled step's per-device memory from XLA's memory analysis (temporaries,
 arguments, outputs) and, up to ``PONENTE_BENCH_TIME_MAX_SEQ`` positions (default 4096), the step time over
-``PONENTE_BENCH_STEPS`` timed steps (default 3).
+``PONENTE_BENCH_STEPS`` timed steps (default 3). ``PONENTE_BENCH_LC_MODES`` (default ``allgather,ring``) picks the
+modes (context 1 is measured with ``allgather``, which is then plain attention).
 """
 
 from __future__ import annotations
@@ -109,9 +110,10 @@ def run(rec: Recorder) -> None:
     seqs = [int(s) for s in os.environ.get("PONENTE_BENCH_SEQS", "4096,8192,16384").split(",")]
     max_timed = int(os.environ.get("PONENTE_BENCH_TIME_MAX_SEQ", "4096"))
     steps = int(os.environ.get("PONENTE_BENCH_STEPS", "3"))
+    modes = os.environ.get("PONENTE_BENCH_LC_MODES", "allgather,ring").split(",")
     for seq in seqs:
         for context in (1, 2, 4, 8):
             if context > jax.device_count():
                 continue
-            for mode in ("allgather", "ring") if context > 1 else ("allgather",):
+            for mode in [m for m in modes if context > 1 or m == "allgather"]:
                 _one(rec, seq, context, mode, steps, timed=seq <= max_timed)

@@ -106,15 +106,15 @@ def test_flash_follows_token_indices(case: str) -> None:
 
 
 @pytest.mark.multidevice
-@pytest.mark.parametrize("mode", ["allgather", "allgather_flash", "ring"])
+@pytest.mark.parametrize("mode", ["allgather", "allgather_flash", "ring", "ring_flash"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> None:
     assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     window, cap = CASES[case]["window"], CASES[case]["cap"]
     q, k, v, seg = _inputs()
     mask = AttentionMask.causal(window).with_segment_ids(seg)
-    backend = "flash" if mode == "allgather_flash" else "reference"
-    strategy = "ring" if mode == "ring" else "allgather"
+    backend = "flash" if mode.endswith("_flash") else "reference"
+    strategy = mode.removesuffix("_flash")
 
     def attend(q, k, v, mask):
         return attention(
@@ -152,7 +152,7 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
     with hax.partitioning.set_mesh(mesh):
         hlo = run.lower(pq, pk, pv, pmask).as_text()
         out, grads = run(pq, pk, pv, pmask)
-    if mode == "ring":  # key/value blocks travel around the ring, never gathered
+    if strategy == "ring":  # key/value blocks travel around the ring, never gathered
         assert "collective_permute" in hlo or "collective-permute" in hlo
     else:
         assert "all_gather" in hlo or "all-gather" in hlo

@@ -97,6 +97,11 @@ _Ids = tuple[jax.Array, jax.Array] | None
 """Per-position ids of the queries and of the keys (segment ids ``[..., L]``, or token indices ``[L]``), or None."""
 
 
+UNSEEN_LSE = -1e30
+"""The log-sum-exp of a query row that sees no key (finite, so merging partial results never computes ``inf - inf``;
+its probabilities ``exp(-inf - UNSEEN_LSE)`` are still exactly 0)."""
+
+
 def _tile(x: jax.Array, index: jax.Array, block: int, axis: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(x, index * block, block, axis=axis)
 
@@ -122,7 +127,8 @@ def _pair(q_ids: jax.Array | None, k_ids: jax.Array | None) -> _Ids:
 def _forward(
     spec: _Spec, q: jax.Array, k: jax.Array, v: jax.Array, seg: _Ids, idx: _Ids
 ) -> tuple[jax.Array, jax.Array]:
-    """Output ``[..., g, Lq, Dv]`` and log-sum-exp ``[..., g, Lq]`` (0 for rows that see no key, whose output is 0)."""
+    """Output ``[..., g, Lq, Dv]`` and log-sum-exp ``[..., g, Lq]`` (:data:`UNSEEN_LSE` for rows that see no key,
+    whose output is 0)."""
     rows = q.shape[:-2]  # (batch..., g)
     length, blk = q.shape[-2], spec.block
     num_kv = k.shape[-2] // blk
@@ -156,7 +162,7 @@ def _forward(
         m, total, acc = lax.fori_loop(lo, hi, visit, init)
         seen = total > 0
         safe_total = jnp.where(seen, total, 1.0)
-        return acc / safe_total[..., None], jnp.where(seen, m + jnp.log(safe_total), 0.0)
+        return acc / safe_total[..., None], jnp.where(seen, m + jnp.log(safe_total), UNSEEN_LSE)
 
     out, lse = lax.map(query_block, jnp.arange(length // blk, dtype=jnp.int32))
     return _unblock(out, 1, (*rows, length, v.shape[-1])), _unblock(lse, 0, (*rows, length))
@@ -196,11 +202,18 @@ def _flash_fwd(
 
 
 def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
+    return _backward(spec, res, dout, None)
+
+
+def _backward(spec: _Spec, res: tuple[Any, ...], dout: jax.Array, dlse: jax.Array | None) -> tuple[Any, ...]:
+    """The gradients of the inputs from those of the output and (when it is an output too) of the log-sum-exp."""
     q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse = res
     seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
     blk = spec.block
     num_q, num_kv = q.shape[-2] // blk, k.shape[-2] // blk
     delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
+    if dlse is not None:  # d lse / d s = p: ds = p * (dp - delta + dlse)
+        delta = delta - dlse
 
     def tile_grads(i: jax.Array, j: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """Probabilities ``p`` and scaled-score gradients ``ds`` of tile (i, j), plus the query-side slices."""
@@ -253,6 +266,43 @@ def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any,
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash_lse(
+    spec: _Spec,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    q_idx: jax.Array | None,
+    k_idx: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`_flash` that also returns the log-sum-exp of each query row (differentiable: partial results over
+    several key blocks merge exactly, as ring attention does)."""
+    return _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
+
+
+def _flash_lse_fwd(
+    spec: _Spec,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    q_idx: jax.Array | None,
+    k_idx: jax.Array | None,
+) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
+    out, lse = _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
+    return (out, lse), (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
+
+
+def _flash_lse_bwd(spec: _Spec, res: tuple[Any, ...], cts: tuple[jax.Array, jax.Array]) -> tuple[Any, ...]:
+    return _backward(spec, res, cts[0], cts[1])
+
+
+_flash_lse.defvjp(_flash_lse_fwd, _flash_lse_bwd)
+
+
 def _flash_arrays(
     q: jax.Array,
     k: jax.Array,
@@ -267,7 +317,8 @@ def _flash_arrays(
     soft_cap: float | None = None,
     q_idx: jax.Array | None = None,
     k_idx: jax.Array | None = None,
-) -> jax.Array:
+    with_lse: bool = False,
+) -> Any:
     """Flash attention on positional arrays: ``q [..., g, Lq, D]``, ``k [..., Lk, D]``, ``v [..., Lk, Dv]``.
 
     The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
@@ -275,7 +326,9 @@ def _flash_arrays(
     positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original index of each
     query and key, e.g. a device's queries against all keys under context parallelism), causality and windows
     compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded queries
-    dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
+    dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``. With
+    ``with_lse``, returns ``(output, log-sum-exp [..., g, Lq])``, both differentiable (:data:`UNSEEN_LSE` for rows
+    that see no key).
     """
     q_len, k_len = q.shape[-2], k.shape[-2]
     indexed = q_idx is not None and k_idx is not None and (causal or window is not None)
@@ -303,6 +356,9 @@ def _flash_arrays(
     spec = _Spec(
         block=blk, length=k_len, causal=causal, window=window, scale=scale, soft_cap=soft_cap, indexed=indexed
     )
+    if with_lse:
+        out, lse = _flash_lse(spec, q, k, v, q_seg, k_seg, q_idx, k_idx)
+        return out[..., :q_len, :], lse[..., :q_len]
     return _flash(spec, q, k, v, q_seg, k_seg, q_idx, k_idx)[..., :q_len, :]
 
 

@@ -26,7 +26,7 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.partitioning import current_mesh, physical_axis_name, pspec_for_axis
 
 from ._mask import AttentionMask
-from .flash import _flash_arrays
+from .flash import UNSEEN_LSE, _flash_arrays
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
@@ -183,29 +183,89 @@ def _gathered_local(
             window=window,
             soft_cap=soft_cap,
         )
-    # flash layout: (shared..., g, Lq, D) with the query-only axes (``rest``) folded into g
+    return _ring_blockwise_local(
+        q,
+        k,
+        v,
+        q_idx,
+        k_idx,
+        q_seg,
+        k_seg,
+        axis=None,
+        devices=1,
+        n_shared=n_shared,
+        scale=scale,
+        causal=causal,
+        window=window,
+        soft_cap=soft_cap,
+        block_size=block_size,
+    )
+
+
+def _flash_layout(q: jax.Array, n_shared: int) -> tuple[jax.Array, Any]:
+    """``q`` ``(shared..., Lq, rest..., D)`` in the blockwise kernel's layout ``(shared..., g, Lq, D)`` (the query-only
+    axes folded into ``g``, float32), and the function that puts an output ``(shared..., g, Lq, Dv)`` back."""
     lq, d = q.shape[n_shared], q.shape[-1]
     n_rest = q.ndim - n_shared - 2
     order = (*range(n_shared), *range(n_shared + 1, n_shared + 1 + n_rest), n_shared, q.ndim - 1)
     qt = jnp.transpose(q, order)
     rest_shape = qt.shape[n_shared : n_shared + n_rest]
-    qf = qt.reshape(*q.shape[:n_shared], -1, lq, d)
-    out = _flash_arrays(
-        qf.astype(jnp.float32),
-        k.astype(jnp.float32),
-        v.astype(jnp.float32),
-        q_seg,
-        k_seg,
-        block_size=block_size,
-        causal=causal or window is not None,
-        window=window,
-        scale=scale,
-        soft_cap=soft_cap,
-        q_idx=q_idx,
-        k_idx=k_idx,
-    )
-    out = out.reshape(*q.shape[:n_shared], *rest_shape, lq, v.shape[-1])
-    return jnp.transpose(out, tuple(int(i) for i in np.argsort(order))).astype(v.dtype)
+    inverse = tuple(int(i) for i in np.argsort(order))
+
+    def back(out: jax.Array) -> jax.Array:
+        return jnp.transpose(out.reshape(*q.shape[:n_shared], *rest_shape, lq, out.shape[-1]), inverse)
+
+    return qt.reshape(*q.shape[:n_shared], -1, lq, d).astype(jnp.float32), back
+
+
+def _ring_blockwise_local(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_idx: jax.Array,
+    k_idx: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    *,
+    axis: str | None,
+    devices: int,
+    n_shared: int,
+    scale: float,
+    causal: bool,
+    window: int | None,
+    soft_cap: float | None,
+    block_size: int,
+) -> jax.Array:
+    """:func:`_ring_local` with each step computed by the blockwise kernel: its output and log-sum-exp per query row
+    merge into the running ones (``lse = logaddexp(lse, lse_b)``), so no step materializes its scores."""
+    qf, back = _flash_layout(q, n_shared)
+    out = jnp.zeros((*qf.shape[:-1], v.shape[-1]), jnp.float32)
+    lse = jnp.full(qf.shape[:-1], UNSEEN_LSE, jnp.float32)
+    perm = [(i, (i + 1) % devices) for i in range(devices)]
+    for step in range(devices):
+        out_b, lse_b = _flash_arrays(
+            qf,
+            k.astype(jnp.float32),
+            v.astype(jnp.float32),
+            q_seg if k_seg is not None else None,
+            k_seg,
+            block_size=block_size,
+            causal=causal or window is not None,
+            window=window,
+            scale=scale,
+            soft_cap=soft_cap,
+            q_idx=q_idx,
+            k_idx=k_idx,
+            with_lse=True,
+        )
+        merged = jnp.logaddexp(lse, lse_b)
+        out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
+        lse = merged
+        if axis is not None and step < devices - 1:
+            k, v, k_idx = (jax.lax.ppermute(x, axis, perm) for x in (k, v, k_idx))
+            if k_seg is not None:
+                k_seg = jax.lax.ppermute(k_seg, axis, perm)
+    return back(out).astype(v.dtype)
 
 
 def context_parallel_attention(
@@ -227,8 +287,9 @@ def context_parallel_attention(
 
     ``mode="ring"`` passes the key/value blocks around the devices (see the module). ``mode="allgather"`` gathers
     the keys and values (small with grouped-query attention) with their token indices and segment ids, then
-    attends the device's queries to all of them: blockwise (``blockwise=True``: the ``flash`` kernel with token
-    indices, O(queries x ``block_size``) memory) or with materialized ``(queries, keys)`` scores.
+    attends the device's queries to all of them. Either way the attention to the keys at hand is blockwise
+    (``blockwise=True``: the ``flash`` kernel with token indices, O(queries x ``block_size``) memory; the ring merges
+    each step's output by its log-sum-exp) or computed from materialized ``(queries, keys)`` scores.
 
     Args:
         Pos: the position axis of query, key and value.
@@ -238,7 +299,7 @@ def context_parallel_attention(
         value: like ``key``.
         mask: an :class:`~ponente.models.AttentionMask` or None.
         mode: ``"ring"`` or ``"allgather"``.
-        blockwise: with ``"allgather"``, compute each device's part with the blockwise kernel.
+        blockwise: compute each device's part with the blockwise kernel.
         block_size: its tile size.
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
         logit_soft_cap: caps the scaled logits (``cap * tanh(logits / cap)``) before masking; None: no cap.
@@ -279,6 +340,8 @@ def context_parallel_attention(
     }
     if mode == "allgather":
         local: Any = functools.partial(_gathered_local, block_size=block_size if blockwise else None)
+    elif blockwise:
+        local = functools.partial(_ring_blockwise_local, block_size=block_size)
     else:
         local = _ring_local
     if axis is None:
