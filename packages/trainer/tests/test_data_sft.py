@@ -23,6 +23,7 @@ from ponente.trainer.data import (
     batch_for_step,
     build_caches,
     data_processor,
+    data_tokenizer,
     resolve_url,
     train_set,
     validation_sets,
@@ -334,7 +335,7 @@ def test_mixture_of_text_and_supervised_rows(tmp_path: Path) -> None:
     assert set(batch) == {"input_ids", "segment_ids", "loss_mask", "position_ids"}
     # the text rows train exactly as text rows do without the supervised keys
     text_cache = build_caches(mix, "train", background=False, progress=False)["text"]
-    text_rows = mix.configs["text"].format.rows(text_cache, 32)
+    text_rows = mix.configs["text"].format.rows(text_cache, 32, data_tokenizer(mix))
     row = text_rows[0]
     in_mix = [k for k in range(8) if batch["input_ids"][k].tolist() == row["input_ids"].tolist()]
     assert in_mix

@@ -227,7 +227,7 @@ class DpoTask(LmTask):
             return super().pretrained_model(mp)
         if self.checkpoint_path:
             return mp.cast_to_param(
-                load_model_from_checkpoint(self.model_config, self.data.the_vocab_size, self.checkpoint_path)
+                load_model_from_checkpoint(self.model_config, self.vocab_size, self.checkpoint_path)
             )
         raise ValueError(
             "initialize_from_hf: preference tuning starts from a trained model; set initialize_from_hf (a Hugging "
@@ -242,7 +242,7 @@ class DpoTask(LmTask):
         if self.dpo.reference_is_hf:
             reference = load_hf_weights(path, self.model_config, mp, key="reference_model_path")
         else:
-            reference = mp.cast_to_param(load_model_from_checkpoint(self.model_config, self.data.the_vocab_size, path))
+            reference = mp.cast_to_param(load_model_from_checkpoint(self.model_config, self.vocab_size, path))
         _check_same_shapes(reference, initial, path)
         return reference
 
@@ -320,7 +320,7 @@ class DpoTask(LmTask):
 
     def flops_per_token(self) -> float | None:
         """Forward FLOPs per token of the policy (the reference's forward is not counted)."""
-        return self.model_config.flops_per_token(self.data.the_vocab_size)
+        return self.model_config.flops_per_token(self.vocab_size)
 
     # -- data -------------------------------------------------------------------------------------------------
     def datasets(self, seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
