@@ -228,7 +228,7 @@ def test_config_keys_parse_and_errors_name_the_key() -> None:
         _data("format={type: chat, pack: false}", "pack=true")
     with pytest.raises(
         ConfigError,
-        match=r"^data\.format\.type: unknown type 'alpaca'; known: chat, preference_chat, supervised, text$",
+        match=r"^data\.format\.type: unknown type 'alpaca'; known: asr, chat, preference_chat, supervised, text$",
     ):
         _data("format=alpaca")
     with pytest.raises(
@@ -241,7 +241,7 @@ def test_config_keys_parse_and_errors_name_the_key() -> None:
         _data("prompt_template={{ instruction }}")
     with pytest.raises(ConfigError, match=r"^data\.format\.input_field: expected a non-empty field name, got ''$"):
         _data("format=supervised", "input_field=")
-    with pytest.raises(ValueError, match=r"^data\.format: expected a format config \(type one of \['chat'"):
+    with pytest.raises(ValueError, match=r"^data\.format: expected a format config \(type one of \['asr', 'chat'"):
         LMDatasetConfig(format="alpaca")  # type: ignore[arg-type]
 
 

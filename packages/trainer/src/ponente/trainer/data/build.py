@@ -98,13 +98,19 @@ def build_datasets(
 
 
 def data_tokenizer(data: LmData) -> Tokenizer:
-    """The tokenizer of ``data`` (loaded once per process).
+    """The tokenizer of ``data`` (loaded once per process): the one place the tasks and entry points load it.
 
     Raises:
-        FileNotFoundError: For a missing ``package://`` file or a directory without ``tokenizer.json``.
-        OSError: For a hub id that cannot be fetched (e.g. offline).
+        FileNotFoundError: For a missing ``package://`` file or a directory without ``tokenizer.json`` (the message
+            starts with ``data.tokenizer:``).
+        OSError: For a hub id that cannot be fetched (e.g. offline), also naming ``data.tokenizer``.
     """
-    return load_data_tokenizer(data.tokenizer)
+    try:
+        return load_data_tokenizer(data.tokenizer)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"data.tokenizer: {e}") from e
+    except OSError as e:
+        raise OSError(f"data.tokenizer: {e}") from e
 
 
 def data_vocab_size(data: LmData) -> int:
