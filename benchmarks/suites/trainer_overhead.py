@@ -31,7 +31,7 @@ from benchmarks.harness import interleaved_times, round_ratio
 from benchmarks.suites.trainer import bench_train_step, gpt2_logits, gpt2_params
 from ponente.models import Gpt2Config
 from ponente.trainer.config import load_config
-from ponente.trainer.data import DataLoader, build_caches, train_set
+from ponente.trainer.data import DataLoader, build_caches, data_vocab_size, train_set
 from ponente.trainer.main.train_lm import TrainLmConfig
 from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
@@ -47,7 +47,7 @@ def run(rec: Recorder) -> None:
         cfg, batch = config.model, config.trainer.train_batch_size
         if not isinstance(cfg, Gpt2Config):
             raise TypeError(f"trainer-overhead: gpt2_nano's model is a {type(cfg).__name__}, expected Gpt2Config")
-        vocab = config.data.the_vocab_size
+        vocab = data_vocab_size(config.data)
         logits = functools.partial(gpt2_logits, cfg=cfg)
         bench_train_step(rec, "gpt2_nano", cfg, gpt2_params, logits, batch=batch, vocab=vocab, target="<= 1.03")
         _loader_vs_synthetic(rec, config, vocab)

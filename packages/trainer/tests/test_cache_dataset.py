@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ponente.trainer.config import ConfigError, load_config
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_caches, resolve_url
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, build_caches, data_tokenizer, resolve_url
 from ponente.trainer.main.cache_dataset import CacheDatasetConfig, cache_dataset, main
 
 ASSETS = "package://ponente.trainer.assets/"
@@ -38,7 +38,7 @@ def test_main_builds_the_validation_cache(tmp_path: Path, capsys: pytest.Capture
         cache_dir=str(tmp_path),
     )
     cache = build_caches(cfg, "validation", background=False)
-    tok = cfg.the_tokenizer
+    tok = data_tokenizer(cfg)
     assert cache.is_finished
     assert len(cache) == 3
     assert cache[2]["input_ids"].tolist() == [*tok.encode(works[2]).ids, tok.token_to_id("<|endoftext|>")]

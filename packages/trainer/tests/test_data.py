@@ -29,6 +29,8 @@ from ponente.trainer.data import (
     build_all_caches,
     build_caches,
     data_processor,
+    data_tokenizer,
+    data_vocab_size,
     resolve_url,
     train_set,
     validation_sets,
@@ -260,13 +262,13 @@ def test_config_errors_name_the_key(tokenizer_path: str, monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match=r"no train data"):
         train_set(LMDatasetConfig(tokenizer=tokenizer_path), 4, seed=0)
     with pytest.raises(ValueError, match=r"data\.vocab_size"):
-        _ = LMDatasetConfig(tokenizer=tokenizer_path, vocab_size=10).the_vocab_size
-    assert LMDatasetConfig(tokenizer=tokenizer_path, vocab_size=512).the_vocab_size == 512
+        _ = data_vocab_size(LMDatasetConfig(tokenizer=tokenizer_path, vocab_size=10))
+    assert data_vocab_size(LMDatasetConfig(tokenizer=tokenizer_path, vocab_size=512)) == 512
     with pytest.raises(ValueError, match=r"data\.bos_token"):
         data_processor(LMDatasetConfig(tokenizer=tokenizer_path, enforce_bos=True, bos_token="<s>"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match=r"HF_HUB_OFFLINE"):
-        _ = LMDatasetConfig(tokenizer="no-such-org/no-such-tokenizer").the_tokenizer
+        _ = data_tokenizer(LMDatasetConfig(tokenizer="no-such-org/no-such-tokenizer"))
 
 
 def test_eos_inference_needs_a_special_token(tmp_path: Path) -> None:
@@ -518,8 +520,8 @@ def test_shipped_corpus() -> None:
 
 def test_shipped_tokenizer() -> None:
     cfg = LMDatasetConfig(tokenizer=ASSETS + "shakespeare_tokenizer.json")
-    tok = cfg.the_tokenizer
-    assert tok.get_vocab_size() == 4096 == cfg.the_vocab_size
+    tok = data_tokenizer(cfg)
+    assert tok.get_vocab_size() == 4096 == data_vocab_size(cfg)
     assert tok.token_to_id(EOS) == 0
     text = "Now is the winter of our discontent\nMade glorious summer by this sun of York; café ☃"
     ids = tok.encode(text).ids

@@ -14,7 +14,7 @@ import yaml
 from ponente.datacache import TokenizerProcessor
 from ponente.trainer.config import ConfigError, load_config, packaged_config_names, read_config_file
 from ponente.trainer.data import (
-    AsrDatasetConfig,
+    AsrDatasetFormat,
     ChatLmDatasetFormat,
     LMDatasetConfig,
     LmDatasetFormat,
@@ -25,6 +25,7 @@ from ponente.trainer.data import (
     build_datasets,
 )
 from ponente.trainer.data.tokens import TokenizerSpec
+from ponente.trainer.main.train_asr import speech_data
 from ponente.trainer.main.train_rl import RlDataConfig
 
 DOCS = Path(__file__).parents[3] / "docs" / "trainer" / "docs"
@@ -38,7 +39,7 @@ class _Run:
 
 @dataclasses.dataclass(frozen=True)
 class _SpeechRun:
-    data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
+    data: LMDatasetConfig = dataclasses.field(default_factory=speech_data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +63,14 @@ PACKAGED_FORMATS = {
 }
 
 
+SPEECH_FORMATS = {"whisper_tiny_digits": AsrDatasetFormat(n_mels=80, chunk_seconds=2.0, max_label_tokens=12)}
+
+
 @pytest.mark.parametrize("name", packaged_config_names())
 def test_every_packaged_data_section_loads_unchanged(name: str) -> None:
     data = read_config_file(name)["data"]
-    if name.startswith("whisper"):
-        assert isinstance(_load(data, _SpeechRun), AsrDatasetConfig)
+    if name.startswith("whisper"):  # the flat speech keys of the file, read into data.format
+        assert _load(data, _SpeechRun).format == SPEECH_FORMATS[name]
         return
     if name.startswith("rl_"):  # prompts for ponente-rl: jsonl rows, not an LM data format
         assert _load(data, _RlRun) == RlDataConfig(**data)
@@ -116,6 +120,34 @@ def test_levanter_nested_format_sections_equal_the_flat_keys() -> None:
     )
 
 
+def test_the_flat_keys_of_speech_configs_are_the_asr_format() -> None:
+    speech = {"n_mels": 128, "chunk_seconds": 2.0, "max_label_tokens": 12, "audio_field": "clip", "language": None}
+    flat = {"train_urls": ["s.jsonl"], "tokenizer": "tok", **speech}
+    nested = {"train_urls": ["s.jsonl"], "tokenizer": "tok", "format": {"type": "asr", **speech}}
+    untyped = {"train_urls": ["s.jsonl"], "tokenizer": "tok", "format": speech}  # the speech run's default type
+    want = LMDatasetConfig(
+        train_urls=["s.jsonl"],
+        tokenizer="tok",
+        shuffle=True,  # the speech run's default
+        format=AsrDatasetFormat(n_mels=128, chunk_seconds=2.0, max_label_tokens=12, audio_field="clip", language=None),
+    )
+    assert _load(flat, _SpeechRun) == _load(nested, _SpeechRun) == _load(untyped, _SpeechRun) == want
+    # a speech key in a text corpus: dropped at its former default, else an error naming it
+    assert _load({"n_mels": 80}).format == TextLmDatasetFormat()
+    with pytest.raises(ConfigError, match=r"^data\.format\.n_mels: not a field of type 'text'"):
+        _load({"n_mels": 128})
+
+
+def test_the_tokenizer_members_are_deprecated_for_the_pipeline_function() -> None:
+    from ponente.trainer.data import data_tokenizer, data_vocab_size
+
+    cfg = LMDatasetConfig(tokenizer=TOKENIZER, vocab_size=4100)
+    with pytest.warns(DeprecationWarning, match=r"data_tokenizer\(config\)"):
+        assert cfg.the_tokenizer is data_tokenizer(cfg)
+    with pytest.warns(DeprecationWarning, match=r"data_vocab_size\(config\)"):
+        assert cfg.the_vocab_size == data_vocab_size(cfg) == 4100
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -123,7 +155,7 @@ def test_levanter_nested_format_sections_equal_the_flat_keys() -> None:
         ({"format": "text", "chat_template": "{{ x }}"}, r"^data\.format\.chat_template: not a field of type 'text'"),
         (
             {"format": "dpo"},
-            r"^data\.format\.type: unknown type 'dpo'; known: chat, preference_chat, supervised, text$",
+            r"^data\.format\.type: unknown type 'dpo'; known: asr, chat, preference_chat, supervised, text$",
         ),
         ({"format": {"type": "chat", "pack": False}, "pack": True}, r"^data\.pack: given both flat"),
     ],
@@ -142,7 +174,7 @@ def test_a_new_format_is_one_registered_class(tmp_path: Path) -> None:
         has_loss_mask: ClassVar[bool] = False
         text_key: str = "body"
 
-        def processor(self, tokens: TokenizerSpec) -> TokenizerProcessor:
+        def processor(self, tokens: TokenizerSpec, folder: str | None) -> TokenizerProcessor:
             return TokenizerProcessor(tokens.tokenizer, text_key=self.text_key, eos=tokens.eos)
 
     try:

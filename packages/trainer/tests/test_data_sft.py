@@ -23,6 +23,7 @@ from ponente.trainer.data import (
     batch_for_step,
     build_caches,
     data_processor,
+    data_tokenizer,
     resolve_url,
     train_set,
     validation_sets,
@@ -227,7 +228,7 @@ def test_config_keys_parse_and_errors_name_the_key() -> None:
         _data("format={type: chat, pack: false}", "pack=true")
     with pytest.raises(
         ConfigError,
-        match=r"^data\.format\.type: unknown type 'alpaca'; known: chat, preference_chat, supervised, text$",
+        match=r"^data\.format\.type: unknown type 'alpaca'; known: asr, chat, preference_chat, supervised, text$",
     ):
         _data("format=alpaca")
     with pytest.raises(
@@ -240,7 +241,7 @@ def test_config_keys_parse_and_errors_name_the_key() -> None:
         _data("prompt_template={{ instruction }}")
     with pytest.raises(ConfigError, match=r"^data\.format\.input_field: expected a non-empty field name, got ''$"):
         _data("format=supervised", "input_field=")
-    with pytest.raises(ValueError, match=r"^data\.format: expected a format config \(type one of \['chat'"):
+    with pytest.raises(ValueError, match=r"^data\.format: expected a format config \(type one of \['asr', 'chat'"):
         LMDatasetConfig(format="alpaca")  # type: ignore[arg-type]
 
 
@@ -334,7 +335,7 @@ def test_mixture_of_text_and_supervised_rows(tmp_path: Path) -> None:
     assert set(batch) == {"input_ids", "segment_ids", "loss_mask", "position_ids"}
     # the text rows train exactly as text rows do without the supervised keys
     text_cache = build_caches(mix, "train", background=False, progress=False)["text"]
-    text_rows = mix.configs["text"].format.rows(text_cache, 32)
+    text_rows = mix.configs["text"].format.rows(text_cache, 32, data_tokenizer(mix))
     row = text_rows[0]
     in_mix = [k for k in range(8) if batch["input_ids"][k].tolist() == row["input_ids"].tolist()]
     assert in_mix

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from run_support import TINY_MODEL, TinyRun, shared_tiny_run
 
+from ponente.trainer.data import data_tokenizer, data_vocab_size
 from ponente.trainer.main import export_lm_to_hf
 
 
@@ -32,7 +33,7 @@ def _assert_export_is_the_run(out, run: TinyRun) -> None:
     from ponente.models import AttentionMask
     from ponente.trainer.checkpoint import load_checkpoint
 
-    vocab = run.config.data.the_vocab_size
+    vocab = data_vocab_size(run.config.data)
     template = eqx.filter_eval_shape(
         lambda: run.config.model.build(hax.Axis("vocab", vocab), key=jax.random.PRNGKey(0))
     )
@@ -46,7 +47,7 @@ def _assert_export_is_the_run(out, run: TinyRun) -> None:
         got = hf_model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(got, expected, atol=1e-4)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    assert tokenizer("ROMEO: To be")["input_ids"] == run.config.data.the_tokenizer.encode("ROMEO: To be").ids
+    assert tokenizer("ROMEO: To be")["input_ids"] == data_tokenizer(run.config.data).encode("ROMEO: To be").ids
 
 
 def test_run_folder_alone_exports_the_run(run, tmp_path, capsys):

@@ -25,6 +25,7 @@ from conftest import write_config
 from ponente.trainer.checkpoint import _location as location
 from ponente.trainer.checkpoint import discover_checkpoints, latest_checkpoint_path, load_checkpoint
 from ponente.trainer.config import load_config
+from ponente.trainer.data import data_vocab_size
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig
 from ponente.trainer.run._result import NONFINITE_STOP, print_result
@@ -183,7 +184,7 @@ def load_checkpoint_template(overrides: list[str]) -> Any:
     cfg = load_config(TrainLmConfig, overrides=overrides)
     tcfg = cfg.trainer
     trainer = Trainer(tcfg, cfg.optimizer.build(tcfg.num_train_steps), lm_loss_fn(0.0, None))
-    Vocab = hax.Axis("vocab", cfg.data.the_vocab_size)
+    Vocab = hax.Axis("vocab", data_vocab_size(cfg.data))
     return trainer.initial_state(lambda key: cfg.model.build(Vocab, key=key))
 
 

@@ -26,6 +26,7 @@ from ponente.datacache.storage import StorageError, filesystem
 from ponente.trainer.checkpoint import discover_checkpoints, latest_checkpoint_path, load_checkpoint, read_metadata
 from ponente.trainer.checkpoint._io import SLOW_CHECKPOINT_ENV
 from ponente.trainer.config import load_config
+from ponente.trainer.data import data_vocab_size
 from ponente.trainer.main.train_lm import TrainLmConfig
 from ponente.trainer.tasks.lm import lm_loss_fn
 from ponente.trainer.trainer import Trainer
@@ -55,7 +56,7 @@ def _leaf_bytes(tree: Any) -> list[tuple[str, bytes]]:
 def _state_template(overrides: list[str]) -> Any:
     cfg = load_config(TrainLmConfig, overrides=overrides)
     trainer = Trainer(cfg.trainer, cfg.optimizer.build(cfg.trainer.num_train_steps), lm_loss_fn(0.0, None))
-    Vocab = hax.Axis("vocab", cfg.data.the_vocab_size)
+    Vocab = hax.Axis("vocab", data_vocab_size(cfg.data))
     return trainer.initial_state(lambda key: cfg.model.build(Vocab, key=key))
 
 
@@ -154,7 +155,7 @@ def test_train_checkpoint_kill_resume_and_export_on_s3(s3_bucket: S3Bucket, tmp_
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     with torch.no_grad():
         logits = model(ids).logits
-    assert logits.shape == (1, 8, cfg.data.the_vocab_size)
+    assert logits.shape == (1, 8, data_vocab_size(cfg.data))
     assert bool(torch.isfinite(logits).all())
 
 

@@ -19,6 +19,7 @@ import pytest
 import ponente.namedtensor as hax
 from ponente.namedtensor import quantization as q
 from ponente.namedtensor.nn import Linear
+from ponente.trainer.data import data_vocab_size
 from ponente.trainer.state import trainable_filter
 from ponente.trainer.trainer import QuantizationConfig, Trainer, TrainerConfig, plain_model
 
@@ -181,7 +182,7 @@ def test_levanter_yaml_with_fp8_and_profiler_trains_resumes_bitwise_and_exports_
 
     cfg = load_config(TrainLmConfig, overrides=overrides)
     t = Trainer(cfg.trainer, cfg.optimizer.build(cfg.trainer.num_train_steps), lm_loss_fn(0.0, None))
-    Vocab = hax.Axis("vocab", cfg.data.the_vocab_size)
+    Vocab = hax.Axis("vocab", data_vocab_size(cfg.data))
     template = t.initial_state(lambda key: cfg.model.build(Vocab, key=key))
     ckpt = tmp_path / "ckpt" / "tiny"
     reference = load_checkpoint(template, ckpt / "step-4")

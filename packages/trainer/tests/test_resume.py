@@ -30,6 +30,7 @@ from ponente.trainer.checkpoint import (
 )
 from ponente.trainer.checkpoint._io import SLOW_CHECKPOINT_ENV
 from ponente.trainer.config import load_config
+from ponente.trainer.data import data_vocab_size
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import PREEMPTED_EXIT_CODE, TrainLmConfig
 from ponente.trainer.run._restore import restore
@@ -73,7 +74,7 @@ def _state_template(overrides: list[str]) -> Any:
     cfg = load_config(TrainLmConfig, overrides=overrides)
     tcfg = cfg.trainer
     trainer = Trainer(tcfg, cfg.optimizer.build(tcfg.num_train_steps), lm_loss_fn(0.0, None))
-    Vocab = hax.Axis("vocab", cfg.data.the_vocab_size)
+    Vocab = hax.Axis("vocab", data_vocab_size(cfg.data))
     return trainer.initial_state(lambda key: cfg.model.build(Vocab, key=key))
 
 

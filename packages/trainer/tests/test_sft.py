@@ -14,7 +14,7 @@ import pytest
 from finetune_support import CHAT, CHAT_TEMPLATE, losses, supervised_overrides, write_tiny_llama
 
 from ponente.trainer.config import load_config
-from ponente.trainer.data import train_set
+from ponente.trainer.data import data_tokenizer, data_vocab_size, train_set
 from ponente.trainer.main import sft
 from ponente.trainer.main.sft import SftConfig
 from ponente.trainer.run import _pretrained
@@ -126,7 +126,7 @@ def test_prompt_tokens_do_not_contribute_to_the_loss(tmp_path: Path, tiny_llama:
     logits = np.asarray(model(batch["input_ids"], mask, pos_ids=batch["position_ids"]).array, dtype=np.float64)
     peak = logits.max(-1, keepdims=True)
     logp = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
-    tokenizer = cfg.data.the_tokenizer
+    tokenizer = data_tokenizer(cfg.data)
     response, every = [], []
     for b in range(ids.shape[0]):
         for s in sorted(set(seg[b].tolist()) - {-1}):
@@ -172,8 +172,8 @@ def test_sft_fine_tunes_a_hugging_face_llama_and_exports_it(tmp_path: Path, tiny
     assert not (tmp_path / "hf" / "step-20").exists()  # the last step's export is the final one
 
     model_config = run.hf_model_config(str(tiny_llama))
-    ours = run.load_model_from_checkpoint(model_config, cfg.data.the_vocab_size, result.checkpoint)
-    ids = np.random.default_rng(0).integers(0, cfg.data.the_vocab_size, size=(2, 24))
+    ours = run.load_model_from_checkpoint(model_config, data_vocab_size(cfg.data), result.checkpoint)
+    ids = np.random.default_rng(0).integers(0, data_vocab_size(cfg.data), size=(2, 24))
     expected = np.asarray(ours(hax.named(ids, ("batch", "position")), AttentionMask.causal()).array)
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     with torch.no_grad():

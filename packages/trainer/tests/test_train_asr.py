@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from ponente.trainer.config import load_config
+from ponente.trainer.data import build_caches, data_tokenizer
 from ponente.trainer.data.synthetic_speech import write_missing_synthetic_speech, write_synthetic_speech
 from ponente.trainer.main import train_asr
 from ponente.trainer.main.train_asr import TrainAsrConfig
@@ -197,7 +198,7 @@ def test_missing_audio_file_names_the_file(digits: Path, tmp_path: Path) -> None
     shutil.copytree(digits / "clips", tmp_path / "clips")
     config = tiny_config(digits, tmp_path, **{"data.train_urls": [str(data)], "data.cache_dir": str(tmp_path / "c")})
     with pytest.raises(Exception) as info:
-        config.data.build_caches("train", background=False, progress=False)
+        build_caches(config.data, "train", background=False, progress=False)
     message = str(info.value)
     assert "no-such-clip.wav" in message
     assert "\n" not in message
@@ -205,10 +206,10 @@ def test_missing_audio_file_names_the_file(digits: Path, tmp_path: Path) -> None
 
 def test_data_that_do_not_fit_the_model_name_the_keys(digits: Path, tmp_path: Path) -> None:
     config = tiny_config(digits, tmp_path, **{"model.num_mel_bins": 128})
-    with pytest.raises(ValueError, match=r"data\.n_mels \(80\) differs from model\.num_mel_bins \(128\)"):
+    with pytest.raises(ValueError, match=r"data\.format\.n_mels \(80\) differs from model\.num_mel_bins \(128\)"):
         train_asr.train(config)
     config = tiny_config(digits, tmp_path, **{"data.chunk_seconds": 3.0})
-    with pytest.raises(ValueError, match=r"data\.chunk_seconds"):
+    with pytest.raises(ValueError, match=r"data\.format\.chunk_seconds"):
         train_asr.train(config)
 
 
@@ -249,9 +250,10 @@ def test_train_asr_loss_falls_wer_is_jiwers_and_the_export_loads_in_transformers
     # the export loads in transformers; its loss on the validation rows is the run's evaluation loss, and its
     # logits equal those of the model read back by Ponente
     hf = WhisperForConditionalGeneration.from_pretrained(str(tmp_path / "hf")).eval()
-    rows = config.data.rows(open_cache(config.data.cache_path("validation")))
+    speech = config.data.format
+    rows = speech.rows(open_cache(config.data.cache_path("validation")), 0, data_tokenizer(config.data))
     batch = rows.get_batch_arrays(list(range(len(rows))))
-    feats = batch["input_features"].reshape(len(rows), config.data.n_mels, config.data.frames)
+    feats = batch["input_features"].reshape(len(rows), speech.n_mels, speech.frames)
     ids, mask = batch["input_ids"], batch["loss_mask"]
     with torch.no_grad():
         logits = hf(input_features=torch.tensor(feats), decoder_input_ids=torch.tensor(ids, dtype=torch.long)).logits
@@ -332,7 +334,7 @@ def test_initialize_from_hf_starts_from_a_transformers_whisper(digits: Path, tmp
 def test_hugging_face_audio_dataset_gives_the_rows_of_the_jsonl_files(digits: Path, tmp_path: Path) -> None:
     import datasets
 
-    from ponente.trainer.data import AsrDatasetConfig
+    from ponente.trainer.data import AsrDatasetFormat, LMDatasetConfig, build_all_caches, validation_sets
 
     splits = {}
     for split in ("train", "validation"):
@@ -343,21 +345,27 @@ def test_hugging_face_audio_dataset_gives_the_rows_of_the_jsonl_files(digits: Pa
         splits[split] = table.cast_column("audio", datasets.Audio(decode=False))
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hf"))
 
-    common = {"tokenizer": str(digits / "tokenizer"), "chunk_seconds": 2.0, "max_label_tokens": 12, "workers": 0}
-    files = AsrDatasetConfig(
+    common: dict[str, Any] = {"tokenizer": str(digits / "tokenizer"), "workers": 0}
+    speech = AsrDatasetFormat(chunk_seconds=2.0, max_label_tokens=12)
+    files = LMDatasetConfig(
         train_urls=[str(tmp_path / "train.jsonl")],
         validation_urls=[str(tmp_path / "validation.jsonl")],
-        audio_root=str(digits),
         cache_dir=str(tmp_path / "c_files"),
         shuffle=False,
+        format=dataclasses.replace(speech, audio_root=str(digits)),
         **common,
     )
-    hub = AsrDatasetConfig(id=str(tmp_path / "hf"), cache_dir=str(tmp_path / "c_hf"), shuffle=False, **common)
+    hub = LMDatasetConfig(
+        id=str(tmp_path / "hf"), cache_dir=str(tmp_path / "c_hf"), shuffle=False, format=speech, **common
+    )
+    tokenizer = data_tokenizer(hub)
+    want_caches = build_all_caches(files, progress=False)
+    got_caches = build_all_caches(hub, progress=False)
     for split in ("train", "validation"):
-        want = files.rows(files.build_caches(split, background=False, progress=False))
-        got = hub.rows(hub.build_caches(split, background=False, progress=False))
+        want = files.format.rows(want_caches[split], 0, tokenizer)
+        got = hub.format.rows(got_caches[split], 0, tokenizer)
         assert len(got) == len(want) == 5
         for key, value in want.get_batch_arrays(list(range(5))).items():
             np.testing.assert_array_equal(got.get_batch_arrays(list(range(5)))[key], value, err_msg=f"{split}/{key}")
-    assert set(hub.validation_sets()) == {str(tmp_path / "hf")}
-    assert hub.prompt_ids == [324, 325, 425, 429]
+    assert set(validation_sets(hub, 12)) == {str(tmp_path / "hf")}
+    assert speech.prompt_ids(tokenizer) == [324, 325, 425, 429]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_train_asr import safetensors_of, tiny_config
 
-from ponente.trainer.data import batch_for_step
+from ponente.trainer.data import batch_for_step, train_set
 from ponente.trainer.data.synthetic_speech import write_synthetic_speech
 from ponente.trainer.main import train_asr
 from ponente.trainer.tasks.asr import whisper_batch, whisper_loss
@@ -50,8 +50,9 @@ def test_sharded_first_step_equals_one_device(name: str, tmp_path: Path) -> None
     model_config = config.model
     state = trainer.initial_state(lambda key: model_config.build(key=key))
     data = config.data
-    rows = batch_for_step(data.train_set(seed=trainer_config.seed), 0, 8)
-    state, metrics = trainer.train_step(state, trainer.shard_batch(whisper_batch(rows, data.n_mels, data.frames)))
+    rows = batch_for_step(train_set(data, 0, seed=trainer_config.seed), 0, 8)
+    speech = data.format
+    state, metrics = trainer.train_step(state, trainer.shard_batch(whisper_batch(rows, speech.n_mels, speech.frames)))
     np.testing.assert_allclose(sharded_loss, float(metrics["loss"]), rtol=0, atol=1e-5)
 
     exported = safetensors_of(tmp_path / "hf")

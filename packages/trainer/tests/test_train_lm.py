@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import ponente.namedtensor as hax
 import ponente.trainer
 from ponente.trainer.config import ConfigError, config_to_yaml, load_config
-from ponente.trainer.data import validation_sets
+from ponente.trainer.data import data_tokenizer, data_vocab_size, validation_sets
 from ponente.trainer.main import train_lm
 from ponente.trainer.main.train_lm import TrainLmConfig, config_differences
 from ponente.trainer.tasks.lm import lm_batch
@@ -158,15 +158,15 @@ def test_train_lm_end_to_end_export_and_eval(tmp_path, tiny_lm_overrides):
     export_lm_to_hf(
         ExportLmToHfConfig(checkpoint_path=result.checkpoint, output_dir=str(out), model=cfg.model, data=cfg.data)
     )
-    ours = load_model_from_checkpoint(cfg.model, cfg.data.the_vocab_size, result.checkpoint)
-    ids = np.random.default_rng(0).integers(0, cfg.data.the_vocab_size, size=(2, 32))
+    ours = load_model_from_checkpoint(cfg.model, data_vocab_size(cfg.data), result.checkpoint)
+    ids = np.random.default_rng(0).integers(0, data_vocab_size(cfg.data), size=(2, 32))
     expected = np.asarray(ours(hax.named(ids, ("batch", "position")), AttentionMask.causal()).array)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     with torch.no_grad():
         got = hf_model(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(got, expected, atol=1e-4)
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert tok("To be")["input_ids"] == cfg.data.the_tokenizer.encode("To be").ids
+    assert tok("To be")["input_ids"] == data_tokenizer(cfg.data).encode("To be").ids
 
     # eval_lm: loss and bits/byte against a float64 NumPy computation over the same rows
     results = eval_lm(EvalLmConfig(data=cfg.data, model=cfg.model, checkpoint_path=result.checkpoint, batch_size=4))
@@ -188,7 +188,7 @@ def test_train_lm_end_to_end_export_and_eval(tmp_path, tiny_lm_overrides):
         - logits.max(-1, keepdims=True)
     )
     nats = tokens = nbytes = 0.0
-    tokenizer = cfg.data.the_tokenizer
+    tokenizer = data_tokenizer(cfg.data)
     for b in range(ids.shape[0]):
         for i in range(ids.shape[1] - 1):
             if seg[b, i + 1] == seg[b, i]:

@@ -75,6 +75,8 @@ __all__ = [
     "SelfAttentionLayer",
     "block_forward",
     "grouped_attention",
+    "init_blocks",
+    "init_embedding",
 ]
 
 NormPlacement = Literal["pre", "post", "sandwich"]
@@ -776,6 +778,18 @@ def _block_step(
     return (x, cache), routing
 
 
+def init_embedding(config: DecoderConfig, Vocab: Axis, *, key: jax.Array) -> Embedding:
+    """A token (or position) embedding over ``Vocab``, drawn with ``config.initializer_range``."""
+    return Embedding.init(Vocab, config.Embed, key=key, initializer_range=config.initializer_range)
+
+
+def init_blocks(config: DecoderConfig, block: Any, *, key: jax.Array) -> Stacked[Any]:
+    """``config.num_layers`` blocks (``block.init(config, key=...)``) stacked for the scan, one key per layer."""
+    return Stacked.init(config.Layers, block, gradient_checkpointing=config.gradient_checkpointing)(
+        config, key=jax.random.split(key, config.num_layers)
+    )
+
+
 class DecoderLM(LmHeadModel[Any]):
     """A decoder-only language model on :class:`DecoderStack` (Llama, Mistral, Qwen2/3, OLMo 2, Mixtral, Gemma 1/2/3;
     GPT-2 with its own names).
@@ -802,6 +816,8 @@ class DecoderLM(LmHeadModel[Any]):
     def init(cls, config: DecoderConfig, Vocab: Axis, *, key: jax.Array) -> Self:
         """Create a randomly initialized model.
 
+        The key splits into three: the stack's first two (:meth:`_init_stack`) and the untied output projection's.
+
         Args:
             config: the config (it chooses the blocks' parts).
             Vocab: the (real) vocabulary axis; the model's is padded to ``config.vocab_padding_multiple``.
@@ -810,22 +826,23 @@ class DecoderLM(LmHeadModel[Any]):
         Returns:
             The model.
         """
-        k_emb, k_layers, k_head = jax.random.split(key, 3)
+        keys = jax.random.split(key, 3)
         PaddedVocab = config.padded_vocab(Vocab)
-        layers = Stacked.init(config.Layers, DecoderBlock, gradient_checkpointing=config.gradient_checkpointing)(
-            config, key=jax.random.split(k_layers, config.num_layers)
-        )
-        transformer = DecoderStack(
-            embed_tokens=Embedding.init(
-                PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
-            ),
-            layers=layers,
-            norm=config.init_norm(config.Embed),
-        )
+        transformer = cls._init_stack(config, PaddedVocab, keys)
         lm_head = None
         if not config.tie_word_embeddings:
-            lm_head = Linear.init(config.Embed, PaddedVocab, key=k_head, use_bias=False)
+            lm_head = Linear.init(config.Embed, PaddedVocab, key=keys[2], use_bias=False)
         return cls(transformer=transformer, lm_head=lm_head, config=config, vocab_size=Vocab.size)
+
+    @classmethod
+    def _init_stack(cls, config: DecoderConfig, Vocab: Axis, keys: jax.Array) -> Any:
+        """The embeddings, blocks and final norm over the (padded) ``Vocab``, from ``keys[0]`` (token embedding) and
+        ``keys[1]`` (blocks); a family with other parts or names overrides it (GPT-2)."""
+        return DecoderStack(
+            embed_tokens=init_embedding(config, Vocab, key=keys[0]),
+            layers=init_blocks(config, DecoderBlock, key=keys[1]),
+            norm=config.init_norm(config.Embed),
+        )
 
     @property
     def Vocab(self) -> Axis:

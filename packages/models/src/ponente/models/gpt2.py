@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -34,6 +34,8 @@ from .decoder import (
     NormPlacement,
     _dropout,
     block_forward,
+    init_blocks,
+    init_embedding,
 )
 from .moe import RouterOutput
 from .remat import tag
@@ -376,34 +378,21 @@ class Gpt2LMHeadModel(DecoderLM):
         return {}
 
     @classmethod
-    def init(cls, config: DecoderConfig, Vocab: Axis, *, key: jax.Array) -> Self:
-        """Create a randomly initialized model.
-
-        Args:
-            config: the config (a :class:`Gpt2Config`).
-            Vocab: the (real) vocabulary axis; the model's is padded to ``config.vocab_padding_multiple``.
-            key: the PRNG key.
-
-        Returns:
-            The model.
+    def _init_stack(cls, config: DecoderConfig, Vocab: Axis, keys: jax.Array) -> Gpt2Transformer:
+        """``wte`` from ``keys[0]``, ``wpe`` from ``keys[1]``, the blocks from ``keys[2]`` (the output projection is
+        tied, so :meth:`DecoderLM.init <ponente.models.decoder.DecoderLM.init>` uses no key of its own).
 
         Raises:
             TypeError: if ``config`` is not a :class:`Gpt2Config`.
         """
         if not isinstance(config, Gpt2Config):
             raise TypeError(f"Gpt2LMHeadModel.init: expected a Gpt2Config, got {type(config).__name__}")
-        k_wte, k_wpe, k_blocks = jax.random.split(key, 3)
-        std = config.initializer_range
-        blocks = Stacked.init(config.Layers, Gpt2Block, gradient_checkpointing=config.gradient_checkpointing)(
-            config, key=jax.random.split(k_blocks, config.num_layers)
-        )
-        transformer = Gpt2Transformer(
-            wte=Embedding.init(config.padded_vocab(Vocab), config.Embed, key=k_wte, initializer_range=std),
-            wpe=Embedding.init(Axis("n_positions", config.seq_len), config.Embed, key=k_wpe, initializer_range=std),
-            h=blocks,
+        return Gpt2Transformer(
+            wte=init_embedding(config, Vocab, key=keys[0]),
+            wpe=init_embedding(config, Axis("n_positions", config.seq_len), key=keys[1]),
+            h=init_blocks(config, Gpt2Block, key=keys[2]),
             ln_f=config.init_norm(config.Embed),
         )
-        return cls(transformer=transformer, lm_head=None, config=config, vocab_size=Vocab.size)
 
     def _embed(
         self, input_ids: NamedArray, pos_ids: NamedArray | None = None, *, key: jax.Array | None = None

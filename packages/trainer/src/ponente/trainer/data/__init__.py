@@ -1,14 +1,14 @@
 """The data pipeline of the trainer: source → format → rows → shuffle / mixture → loader.
 
 Configs describe (`LMDatasetConfig`, `LMMixtureDatasetConfig`, the ``data.format`` configs of
-``ponente.trainer.data.formats``); `build_datasets` does the I/O (caches, tokenizer) and returns the training
-and validation rows; `DataLoader` / `batch_for_step` turn rows into batches.
+``ponente.trainer.data.formats``, speech included); `build_datasets` does the I/O (caches, tokenizer) and returns
+the training and validation rows; `data_tokenizer` / `data_vocab_size` load a config's tokenizer (the one function
+the tasks and entry points call); `DataLoader` / `batch_for_step` turn rows into batches.
 
 See ``docs/trainer/docs/data.md`` for the config keys, the cache layout and the semantics of shuffling a
 cache that is still being built.
 """
 
-from ponente.trainer.data.asr import AsrDatasetConfig
 from ponente.trainer.data.build import (
     LmDatasets,
     build_all_caches,
@@ -29,6 +29,7 @@ from ponente.trainer.data.cache_build import (
     resolve_url,
 )
 from ponente.trainer.data.formats import (
+    AsrDatasetFormat,
     ChatLmDatasetFormat,
     LmDatasetFormat,
     PreferenceChatLmDatasetFormat,
@@ -42,7 +43,7 @@ from ponente.trainer.data.pairs import WithRowFields, pair_datasets
 __all__ = [
     "DEFAULT_FOLLOW_TIMEOUT",
     "PACKAGE_SCHEME",
-    "AsrDatasetConfig",
+    "AsrDatasetFormat",
     "CacheBuildError",
     "ChatLmDatasetFormat",
     "DataLoader",

@@ -98,13 +98,19 @@ def build_datasets(
 
 
 def data_tokenizer(data: LmData) -> Tokenizer:
-    """The tokenizer of ``data`` (loaded once per process).
+    """The tokenizer of ``data`` (loaded once per process): the one place the tasks and entry points load it.
 
     Raises:
-        FileNotFoundError: For a missing ``package://`` file or a directory without ``tokenizer.json``.
-        OSError: For a hub id that cannot be fetched (e.g. offline).
+        FileNotFoundError: For a missing ``package://`` file or a directory without ``tokenizer.json`` (the message
+            starts with ``data.tokenizer:``).
+        OSError: For a hub id that cannot be fetched (e.g. offline), also naming ``data.tokenizer``.
     """
-    return load_data_tokenizer(data.tokenizer)
+    try:
+        return load_data_tokenizer(data.tokenizer)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"data.tokenizer: {e}") from e
+    except OSError as e:
+        raise OSError(f"data.tokenizer: {e}") from e
 
 
 def data_vocab_size(data: LmData) -> int:
@@ -116,8 +122,9 @@ def data_vocab_size(data: LmData) -> int:
     return vocab_size(data_tokenizer(data), data.vocab_size, "data")
 
 
-def data_processor(data: LMDatasetConfig) -> BatchProcessor:
-    """The datacache processor of a single corpus: its format's, with the corpus's tokenizer and BOS/EOS policy."""
+def data_processor(data: LMDatasetConfig, split: str = "train") -> BatchProcessor:
+    """The datacache processor of a single corpus's ``split``: its format's, with the corpus's tokenizer and BOS/EOS
+    policy (and the folder of the split's files, for paths inside its records)."""
     tokens = TokenizerSpec(
         tokenizer=data_tokenizer(data),
         location=resolve_url(data.tokenizer),
@@ -127,7 +134,7 @@ def data_processor(data: LMDatasetConfig) -> BatchProcessor:
         eos_token=data.eos_token,
         bos_token=data.bos_token,
     )
-    return data.format.processor(tokens)
+    return data.format.processor(tokens, data.folder(split))
 
 
 # -- caches ------------------------------------------------------------------------------------------
@@ -147,7 +154,7 @@ def _build_split(
         location,
         background=background,
         inputs=source,
-        processor=data_processor(config),
+        processor=data_processor(config, split),
         text_key=config.format.txt_key,
         backend=config.backend,
         workers=config.workers,
@@ -290,7 +297,7 @@ def train_set(data: LmData, seq_len: int, *, seed: int, batch_size: int | None =
             does not start on a block.
     """
     if isinstance(data, LMDatasetConfig):
-        rows = data.format.rows(_single_cache(data, "train", background=True), seq_len)
+        rows = data.format.rows(_single_cache(data, "train", background=True), seq_len, data_tokenizer(data))
         return shuffled(rows, data.shuffle, derive_seed(seed, "train"))
     index_stages = data.index_stages(batch_size)
     active = [name for name in data.configs if any(w.get(name, 0) > 0 for _, w in index_stages)]
@@ -298,7 +305,8 @@ def train_set(data: LmData, seq_len: int, *, seed: int, batch_size: int | None =
     datasets: dict[str, Dataset[Row]] = {}
     for name in active:
         component = data.component(name)
-        rows = component.format.rows(_build_component(data, name, "train", background=True), seq_len)
+        cache = _build_component(data, name, "train", background=True)
+        rows = component.format.rows(cache, seq_len, data_tokenizer(data))
         if masked and not component.format.has_loss_mask:
             rows = _AllTargets(rows)
         datasets[name] = shuffled(rows, data.shuffle, derive_seed(seed, f"train/{name}"))
@@ -317,9 +325,10 @@ def validation_sets(data: LmData, seq_len: int) -> dict[str, Dataset[Row]]:
     (every component that has validation data), or ``{}``."""
     if isinstance(data, LMMixtureDatasetConfig):
         return {
-            name: data.component(name).format.rows(cache, seq_len)
+            name: data.component(name).format.rows(cache, seq_len, data_tokenizer(data))
             for name, cache in _mixture_caches(data, "validation", background=True).items()
         }
     if not data.has_split("validation"):
         return {}
-    return {data.cache_name: data.format.rows(_single_cache(data, "validation", background=True), seq_len)}
+    cache = _single_cache(data, "validation", background=True)
+    return {data.cache_name: data.format.rows(cache, seq_len, data_tokenizer(data))}

@@ -2,9 +2,10 @@
 (`LMMixtureDatasetConfig`). They describe; `ponente.trainer.data.build_datasets` opens the caches and makes rows.
 
 A corpus is a source (files or a Hugging Face dataset, see `SplitSources`), a tokenizer with its BOS/EOS policy,
-and a ``format`` (``ponente.trainer.data.formats``: ``text``, ``supervised``, ``chat``) that turns its records into
-cached tokens and then into rows ``{"input_ids": int32[seq_len], "segment_ids": int32[seq_len]}`` (supervised and
-chat rows add a target-aligned ``loss_mask`` and restarting ``position_ids``).
+and a ``format`` (``ponente.trainer.data.formats``: ``text``, ``supervised``, ``chat``, ``preference_chat``, ``asr``)
+that turns its records into cached tokens and then into rows ``{"input_ids": int32[seq_len], "segment_ids":
+int32[seq_len]}`` (supervised and chat rows add a target-aligned ``loss_mask`` and restarting ``position_ids``;
+speech rows are log-mel features and transcript tokens).
 
 Cache layout: the cache of split ``S`` of a single dataset lives at ``<cache_dir>/<name or id or
 "default">/<S>``; the cache of component ``K`` of a mixture at ``<mixture cache_dir>/<K>/<S>``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,9 +44,18 @@ FLAT_FORMAT_KEYS: dict[str, Any] = {
     "chat_template": None,
     "mask_inputs": True,
     "pack": True,
+    "audio_field": "audio",
+    "text_field": "text",
+    "audio_root": None,
+    "n_mels": 80,
+    "chunk_seconds": 30.0,
+    "language": "en",
+    "task": "transcribe",
+    "timestamps": False,
+    "max_label_tokens": 448,
 }
-"""Format fields that older configs write directly under ``data`` (``data.messages_field``), with the defaults
-they had there; `move_flat_format_keys` reads them into ``data.format``."""
+"""Format fields that older configs write directly under ``data`` (``data.messages_field``, the speech configs'
+``data.n_mels``), with the defaults they had there; `move_flat_format_keys` reads them into ``data.format``."""
 
 
 def move_flat_format_keys(
@@ -102,8 +113,40 @@ def move_flat_format_keys(
     return rest
 
 
+class _DeprecatedTokenizerAccess:
+    """The data configs' former ``the_tokenizer``/``the_vocab_size``: deprecated, since a config only describes.
+
+    Use `ponente.trainer.data.data_tokenizer` / `ponente.trainer.data.data_vocab_size` (or the `LmDatasets` of
+    `ponente.trainer.data.build_datasets`).
+    """
+
+    tokenizer: str
+    vocab_size: int | None
+
+    @property
+    def the_tokenizer(self) -> Tokenizer:
+        """Deprecated: ``ponente.trainer.data.data_tokenizer(config)``."""
+        _warn_moved("the_tokenizer", "data_tokenizer")
+        return load_data_tokenizer(self.tokenizer)
+
+    @property
+    def the_vocab_size(self) -> int:
+        """Deprecated: ``ponente.trainer.data.data_vocab_size(config)``."""
+        _warn_moved("the_vocab_size", "data_vocab_size")
+        return vocab_size(load_data_tokenizer(self.tokenizer), self.vocab_size, "data")
+
+
+def _warn_moved(member: str, function: str) -> None:
+    warnings.warn(
+        f"the data config's {member} is deprecated (a config only describes; the pipeline loads): call "
+        f"ponente.trainer.data.{function}(config) instead",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
-class LMDatasetConfig(SplitSources):
+class LMDatasetConfig(SplitSources, _DeprecatedTokenizerAccess):
     """One corpus for language-model training: source, tokenizer, cache, shuffle and format (Levanter's keys).
 
     Attributes:
@@ -133,10 +176,11 @@ class LMDatasetConfig(SplitSources):
             ``None``: one per CPU.
         backend: The cache builder backend: ``"local"`` or ``"ray"``.
         bad_records: ``"error"`` (stop at a bad record, naming file and line) or ``"skip"`` (count them).
-        format: How records become tokens and rows: ``{type: text | supervised | chat, ...}`` (see
-            ``ponente.trainer.data.formats``); ``format: chat`` is short for ``{type: chat}``. The flat keys of
-            older configs (``text_key``, ``input_field``, ``output_field``, ``prompt_template``,
-            ``messages_field``, ``chat_template``, ``mask_inputs``, ``pack``) are read into it.
+        format: How records become tokens and rows: ``{type: text | supervised | chat | preference_chat | asr,
+            ...}`` (see ``ponente.trainer.data.formats``); ``format: chat`` is short for ``{type: chat}``. The flat
+            keys of older configs (``text_key``, ``input_field``, ``output_field``, ``prompt_template``,
+            ``messages_field``, ``chat_template``, ``mask_inputs``, ``pack``, and the speech configs'
+            ``audio_field``, ``n_mels``, ``max_label_tokens``, ...) are read into it.
 
     Example:
         ```python
@@ -196,29 +240,13 @@ class LMDatasetConfig(SplitSources):
                 f"got {self.format!r}"
             )
 
-    # -- shortcuts kept for the callers of the former API: ponente.trainer.data.data_tokenizer / data_vocab_size ------
-
-    @property
-    def the_tokenizer(self) -> Tokenizer:
-        """The tokenizer, loaded once per process (as `ponente.trainer.data.data_tokenizer`)."""
-        return load_data_tokenizer(self.tokenizer)
-
-    @property
-    def the_vocab_size(self) -> int:
-        """``vocab_size`` if set, else the tokenizer's (as `ponente.trainer.data.data_vocab_size`).
-
-        Raises:
-            ValueError: If ``vocab_size`` is smaller than the tokenizer's vocabulary.
-        """
-        return vocab_size(self.the_tokenizer, self.vocab_size, "data")
-
 
 WeightStages = list[tuple[int, dict[str, float]]]
 """A weight schedule: ``[(start_step, {component: weight}), ...]``, the first stage starting at step 0."""
 
 
 @dataclasses.dataclass(frozen=True)
-class LMMixtureDatasetConfig:
+class LMMixtureDatasetConfig(_DeprecatedTokenizerAccess):
     """A weighted mixture of corpora (Levanter's keys); rows are drawn per block in exact proportions.
 
     The mixture's ``tokenizer`` and ``cache_dir`` apply to every component (a component's own values are
@@ -329,15 +357,3 @@ class LMMixtureDatasetConfig:
                 )
             index_stages.append((start, weights))
         return index_stages
-
-    # -- shortcuts kept for the callers of the former API: ponente.trainer.data.data_tokenizer / data_vocab_size ------
-
-    @property
-    def the_tokenizer(self) -> Tokenizer:
-        """The tokenizer of every component, loaded once per process (as `ponente.trainer.data.data_tokenizer`)."""
-        return load_data_tokenizer(self.tokenizer)
-
-    @property
-    def the_vocab_size(self) -> int:
-        """``vocab_size`` if set, else the tokenizer's (as `ponente.trainer.data.data_vocab_size`)."""
-        return vocab_size(self.the_tokenizer, self.vocab_size, "data")

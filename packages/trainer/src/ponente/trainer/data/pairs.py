@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ponente.datacache import Dataset
-from ponente.trainer.data.build import _single_cache, derive_seed, shuffled
+from ponente.trainer.data.build import _single_cache, data_tokenizer, derive_seed, shuffled
 from ponente.trainer.data.lm_dataset import LMDatasetConfig, Row
 
 __all__ = ["RowRange", "WithRowFields", "pair_datasets"]
@@ -34,10 +34,12 @@ def pair_datasets(
     """
     if not isinstance(data, LMDatasetConfig):
         raise ValueError("data: preference pairs are read from a single corpus, not a mixture (data.configs)")
-    rows = data.format.rows(_single_cache(data, "train", background=True), seq_len)
+    tokenizer = data_tokenizer(data)
+    rows = data.format.rows(_single_cache(data, "train", background=True), seq_len, tokenizer)
     validation: dict[str, Dataset[Row]] = {}
     if data.has_split("validation"):
-        validation[data.cache_name] = data.format.rows(_single_cache(data, "validation", background=True), seq_len)
+        cache = _single_cache(data, "validation", background=True)
+        validation[data.cache_name] = data.format.rows(cache, seq_len, tokenizer)
     elif validation_split_fraction:
         rows.wait_for_length(None)
         total = len(rows)

@@ -3,6 +3,9 @@ and where their caches live. Pure descriptions; the builder opens them."""
 
 from __future__ import annotations
 
+import os
+import posixpath
+
 from ponente.datacache import HFSource
 from ponente.trainer.data.cache_build import resolve_url
 
@@ -76,3 +79,12 @@ class SplitSources:
         if urls or self.id is None or hf_split is None:
             return [resolve_url(u) for u in urls]
         return HFSource(self.id, split=hf_split, name=self.name)
+
+    def folder(self, split: str) -> str | None:
+        """The folder of the first file of ``split`` (relative paths inside its records resolve against it), or
+        ``None`` for a Hugging Face dataset or no split."""
+        source = self.source(split)
+        if not isinstance(source, list) or not source:
+            return None
+        first = source[0]
+        return posixpath.dirname(first) if "://" in first else os.path.dirname(os.path.abspath(first))

@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 from ponente.models import Gpt2Config, LmConfig
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, train_set, validation_sets
+from ponente.trainer.data import (
+    LMDatasetConfig,
+    LMMixtureDatasetConfig,
+    data_tokenizer,
+    train_set,
+    validation_sets,
+)
 from ponente.trainer.main.export_lm_to_hf import training_config_keys
 from ponente.trainer.run import check_run_inputs, find_checkpoint, load_model_of, parse_run_command_line, run_cli
 from ponente.trainer.tasks.lm_eval import EvalResult, evaluate_lm
@@ -78,7 +84,7 @@ def eval_lm(config: EvalLmConfig) -> dict[str, EvalResult]:
     else:
         datasets = {"train": train_set(config.data, seq_len, seed=0)}
     return evaluate_lm(
-        model, datasets, config.data.the_tokenizer, batch_size=config.batch_size, max_batches=config.max_batches
+        model, datasets, data_tokenizer(config.data), batch_size=config.batch_size, max_batches=config.max_batches
     )
 
 

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from ponente.models import Gpt2Config, LmConfig
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, data_tokenizer, data_vocab_size
 from ponente.trainer.run import (
     check_run_inputs,
     export_hf,
@@ -70,8 +70,8 @@ def export_lm_to_hf(config: ExportLmToHfConfig) -> str:
         ConfigError: if ``model`` does not describe the checkpoint (names the parameter and both shapes).
     """
     checkpoint = find_checkpoint(config.checkpoint_path)
-    tokenizer = config.data.the_tokenizer if config.save_tokenizer else None
-    vocab_size = config.vocab_size if config.vocab_size is not None else config.data.the_vocab_size
+    tokenizer = data_tokenizer(config.data) if config.save_tokenizer else None
+    vocab_size = config.vocab_size if config.vocab_size is not None else data_vocab_size(config.data)
     model = load_model_from_checkpoint(config.model, vocab_size, checkpoint)
     return export_hf(
         model,

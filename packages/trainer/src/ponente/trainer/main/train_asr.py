@@ -5,9 +5,9 @@ The configuration is a :class:`TrainAsrConfig` (``data``, ``model``, ``trainer``
 YAML files and dotted overrides; ``--help`` lists every field. A run:
 
 1. writes the synthetic set of ``synthetic_data`` if ``data.train_urls`` reads it and it is not there yet (the
-   packaged example's spoken digits), then opens (or builds, in the background) the caches of ``data`` (an
-   ``AsrDatasetConfig``): log-mel features of each clip, padded or cut to ``data.chunk_seconds``, and its
-   tokenised transcript after Whisper's prompt;
+   packaged example's spoken digits), then opens (or builds, in the background) the caches of ``data`` (the
+   pipeline of every task, with ``data.format: asr``): log-mel features of each clip, padded or cut to
+   ``data.format.chunk_seconds``, and its tokenised transcript after Whisper's prompt;
 2. builds the Whisper model of ``model`` (or of ``initialize_from_hf``'s config, and its weights), or resumes;
 3. trains with every trainer feature (mixed precision, sharding, checkpoints, bitwise resume, trackers), the loss
    being the next-token cross-entropy of the transcript given the audio; every ``trainer.steps_per_eval`` steps
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ponente.models.whisper import WhisperConfig
 from ponente.trainer import run
-from ponente.trainer.data import AsrDatasetConfig
+from ponente.trainer.data import AsrDatasetFormat, LMDatasetConfig
 from ponente.trainer.data.synthetic_speech import SyntheticSpeechConfig, write_missing_synthetic_speech
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
 from ponente.trainer.run import Run, TrainResult
@@ -34,12 +34,18 @@ from ponente.trainer.trainer import TrainerConfig
 __all__ = ["TrainAsrConfig", "WerConfig", "main", "train"]
 
 
+def speech_data() -> LMDatasetConfig:
+    """The ``data`` defaults of a speech run: ``format: asr``, a full shuffle, Whisper's tokenizer."""
+    return LMDatasetConfig(tokenizer="openai/whisper-tiny", shuffle=True, format=AsrDatasetFormat())
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainAsrConfig:
     """Everything a speech-recognition training run reads (Levanter's ``TrainASRConfig`` keys).
 
     Attributes:
-        data: the speech corpus, its Whisper tokenizer, feature settings and cache.
+        data: the speech corpus, its Whisper tokenizer and cache; ``data.format`` (type ``asr``, the default here)
+            holds the feature settings. The flat keys of older configs (``data.n_mels``, ...) are read into it.
         model: the Whisper config (Hugging Face's field names; e.g. ``d_model``, ``encoder_layers``, ...).
         trainer: batch size, steps, mixed precision, mesh, tracker, checkpointer, evaluation cadence.
         optimizer: ``optimizer.type``, learning rate, schedule.
@@ -56,7 +62,7 @@ class TrainAsrConfig:
             ``data.train_urls`` reads from there and the set is incomplete (None: none).
     """
 
-    data: AsrDatasetConfig = dataclasses.field(default_factory=AsrDatasetConfig)
+    data: LMDatasetConfig = dataclasses.field(default_factory=speech_data)
     model: WhisperConfig = dataclasses.field(default_factory=WhisperConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=AdamConfig)

@@ -26,7 +26,7 @@ from ponente.models.loss import PREFERENCE_LOSS_TYPES, SMOOTHED_LOSS_TYPES
 from ponente.trainer import run
 from ponente.trainer.data import LMDatasetConfig
 from ponente.trainer.optim import AdamConfig, OptimizerConfig
-from ponente.trainer.tasks.dpo import DpoTask
+from ponente.trainer.tasks.dpo import DpoTask, with_epochs
 from ponente.trainer.trainer import TrainerConfig
 
 __all__ = ["TrainDpoConfig", "main", "train", "with_epochs"]
@@ -136,28 +136,6 @@ def train(config: TrainDpoConfig) -> run.TrainResult:
     if config.epoch:
         config = with_epochs(config)
     return run.Run(DpoTask(config), startup).train()
-
-
-def with_epochs(config: TrainDpoConfig) -> TrainDpoConfig:
-    """``config`` with ``trainer.num_train_steps`` of ``epoch`` passes over the training pairs (read from the
-    cache, built here if needed), ``ceil(epoch * pairs / train_batch_size)``.
-
-    Raises:
-        ValueError: naming ``epoch`` if the batch size is not a number of pairs yet (``train_batch_size: -1``).
-    """
-    import math
-
-    from ponente.trainer.data import pair_datasets
-
-    batch = config.trainer.train_batch_size
-    if batch < 1:
-        raise ValueError(f"epoch: needs trainer.train_batch_size as a number of pairs, got {batch}")
-    train_pairs, _ = pair_datasets(
-        config.data, 2, seed=0, validation_split_fraction=config.validation_split_fraction
-    )  # one pair per row whatever the length: the count does not depend on train_seq_len
-    train_pairs.wait_for_length(None)
-    steps = max(1, math.ceil(config.epoch * len(train_pairs) / batch))
-    return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, num_train_steps=steps))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

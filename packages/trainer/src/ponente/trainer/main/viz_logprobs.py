@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ponente.models import Gpt2Config, LmConfig
-from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, validation_sets
+from ponente.trainer.data import LMDatasetConfig, LMMixtureDatasetConfig, data_tokenizer, validation_sets
 from ponente.trainer.run import load_model_of, parse_command_line, run_cli
 
 __all__ = ["VizLmConfig", "main", "viz_logprobs"]
@@ -79,7 +79,7 @@ def _tokenizer(config: VizLmConfig) -> Any:
         return load_tokenizer(resolve_url(config.tokenizer))
     if config.hf_checkpoint is not None and (Path(config.hf_checkpoint) / "tokenizer.json").is_file():
         return load_tokenizer(config.hf_checkpoint)
-    return config.data.the_tokenizer
+    return data_tokenizer(config.data)
 
 
 def viz_logprobs(config: VizLmConfig) -> str:

@@ -146,7 +146,7 @@ class ModelSource(Protocol):
     """The keys of a tool that reads a model (``eval_lm``, ``viz_logprobs``): exactly one of the two checkpoints."""
 
     @property
-    def data(self) -> Any: ...  # LMDatasetConfig | LMMixtureDatasetConfig (its ``the_vocab_size``)
+    def data(self) -> Any: ...  # LMDatasetConfig | LMMixtureDatasetConfig (``data_vocab_size`` of it)
     @property
     def model(self) -> LmConfig: ...
     @property
@@ -170,7 +170,9 @@ def load_model_of(config: ModelSource) -> Any:
         return load_pretrained(config.hf_checkpoint)
     if config.checkpoint_path is None:
         raise ValueError("checkpoint_path / hf_checkpoint: set exactly one of them")
-    return load_model_from_checkpoint(config.model, config.data.the_vocab_size, config.checkpoint_path)
+    from ponente.trainer.data import data_vocab_size
+
+    return load_model_from_checkpoint(config.model, data_vocab_size(config.data), config.checkpoint_path)
 
 
 def load_model_from_checkpoint(model_config: LmConfig, vocab_size: int | None, checkpoint_path: str) -> Any:

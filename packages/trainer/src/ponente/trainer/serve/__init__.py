@@ -20,6 +20,7 @@ server-sent events, ``logprobs``, ``stop``, ``max_tokens``, ``temperature``, ``t
 
 - ``_protocol``: request checking (:func:`parse_request`, :class:`ServerLimits`) and OpenAI errors (:class:`ApiError`).
 - ``_chat``: :class:`ChatTemplate`, the tokenizer's chat template rendered as in SFT.
+- ``_config``: :class:`ServeConfig`, the configuration of ``ponente-serve``.
 - ``_scheduler``: :class:`BatchScheduler`, the background thread batching concurrent requests into the engine.
 - ``_app``: :func:`create_app`, the FastAPI app.
 - ``_build``: :func:`app_for_model`, the engine, stop ids (:func:`stop_token_ids`), chat template and limits of
@@ -33,11 +34,13 @@ naming ``pip install 'ponente-trainer[serve]'``.
 from ._app import MAX_BODY_BYTES, body_limit, create_app, longest_token_chars, require_serve_extra
 from ._build import app_for_model, stop_token_ids, tokenizer_folder
 from ._chat import ChatTemplate
+from ._config import API_KEY_ENV, ServeConfig
 from ._protocol import ApiError, GenerationRequest, ServerLimits, error_body, parse_request
 from ._scheduler import BatchScheduler, Job, QueueFullError
 from ._server import MAX_CONNECTIONS, ServerThread, free_port, serve
 
 __all__ = [
+    "API_KEY_ENV",
     "MAX_BODY_BYTES",
     "MAX_CONNECTIONS",
     "ApiError",
@@ -46,6 +49,7 @@ __all__ = [
     "GenerationRequest",
     "Job",
     "QueueFullError",
+    "ServeConfig",
     "ServerLimits",
     "ServerThread",
     "app_for_model",

@@ -29,7 +29,7 @@ from ponente.trainer.run import (
 
 if TYPE_CHECKING:
     from ponente.models.whisper import WhisperConfig
-    from ponente.trainer.data import AsrDatasetConfig
+    from ponente.trainer.data import AsrDatasetFormat, LMDatasetConfig
     from ponente.trainer.trainer import Trainer
 
 __all__ = [
@@ -86,28 +86,32 @@ def hf_whisper_config(path: str, *, key: str = "initialize_from_hf") -> WhisperC
     return WhisperConfig.from_hf_config(hf_config)
 
 
-def check_speech_shapes(data: AsrDatasetConfig, model: WhisperConfig) -> None:
+def check_speech_shapes(data: AsrDatasetFormat, vocab_size: int, model: WhisperConfig) -> None:
     """Fail early, naming the keys, when the data's rows do not fit the model.
+
+    Args:
+        data: the ``data.format`` of the speech corpus.
+        vocab_size: the data's vocabulary size (`ponente.trainer.data.data_vocab_size`).
+        model: the Whisper config.
 
     Raises:
         ValueError: mel bins, frames, label length or vocabulary that the model cannot take.
     """
     if data.n_mels != model.num_mel_bins:
-        raise ValueError(f"data.n_mels ({data.n_mels}) differs from model.num_mel_bins ({model.num_mel_bins})")
+        raise ValueError(f"data.format.n_mels ({data.n_mels}) differs from model.num_mel_bins ({model.num_mel_bins})")
     if data.frames > 2 * model.max_source_positions:
         raise ValueError(
-            f"data.chunk_seconds: {data.chunk_seconds} s gives {data.frames} frames, more than the encoder takes "
+            f"data.format.chunk_seconds: {data.chunk_seconds} s gives {data.frames} frames, more than the encoder "
+            "takes "
             f"(2 * model.max_source_positions = {2 * model.max_source_positions})"
         )
     if data.max_label_tokens > model.max_target_positions:
         raise ValueError(
-            f"data.max_label_tokens ({data.max_label_tokens}) exceeds model.max_target_positions "
+            f"data.format.max_label_tokens ({data.max_label_tokens}) exceeds model.max_target_positions "
             f"({model.max_target_positions})"
         )
-    if data.the_vocab_size > model.vocab_size:
-        raise ValueError(
-            f"data.tokenizer has {data.the_vocab_size} tokens, more than model.vocab_size ({model.vocab_size})"
-        )
+    if vocab_size > model.vocab_size:
+        raise ValueError(f"data.tokenizer has {vocab_size} tokens, more than model.vocab_size ({model.vocab_size})")
 
 
 def whisper_batch(rows: Mapping[str, np.ndarray], n_mels: int, frames: int) -> dict[str, Any]:
@@ -179,7 +183,8 @@ class SpeechEvaluator(Evaluator):
         trainer: the trainer that evaluates.
         datasets: the validation sets by name (``AsrExampleDataset``).
         max_batches: evaluate the loss on at most this many batches of each set (None: all).
-        data: the data config (tokenizer, prompt, feature shape).
+        data: the ``data.format`` (prompt, feature shape).
+        tokenizer: the data's tokenizer (prompt ids, transcripts).
         wer: the WER settings.
         eval_model: ``eval_model(model)``: the model in the compute dtype.
         run_dir: where the transcripts go (None: not written).
@@ -191,7 +196,8 @@ class SpeechEvaluator(Evaluator):
         datasets: Mapping[str, Any],
         max_batches: int | None,
         *,
-        data: AsrDatasetConfig,
+        data: AsrDatasetFormat,
+        tokenizer: Any,
         wer: WerConfig,
         eval_model: Callable[[Any], Any],
         run_dir: str | None,
@@ -200,6 +206,7 @@ class SpeechEvaluator(Evaluator):
             trainer, datasets, max_batches, make_batch=lambda rows: whisper_batch(rows, data.n_mels, data.frames)
         )
         self.data = data
+        self.tokenizer = tokenizer
         self.wer = wer
         self.eval_model = eval_model
         self.run_dir = run_dir
@@ -227,8 +234,8 @@ class SpeechEvaluator(Evaluator):
         dataset.wait_for_length(None)
         count = min(self.wer.max_examples, len(dataset))
         chunk = max(1, min(count, self.batch_size))
-        tokenizer = self.data.the_tokenizer
-        prompt = self.data.prompt_ids
+        tokenizer = self.tokenizer
+        prompt = self.data.prompt_ids(tokenizer)
         references: list[str] = []
         hypotheses: list[str] = []
         for start in range(0, count, chunk):
@@ -265,7 +272,7 @@ def _text(tokenizer: Any, ids: np.ndarray) -> str:
     return " ".join(tokenizer.decode([int(t) for t in ids], skip_special_tokens=True).split())
 
 
-def export_whisper(model: Any, path: str, *, tokenizer: Any | None, data: AsrDatasetConfig | None = None) -> str:
+def export_whisper(model: Any, path: str, *, tokenizer: Any | None, data: AsrDatasetFormat | None = None) -> str:
     """Write a Whisper model as a folder ``transformers.WhisperForConditionalGeneration`` loads, with its tokenizer.
 
     Also writes ``preprocessor_config.json`` (the ``WhisperFeatureExtractor`` of ``data``'s mel bins and window), so
@@ -276,7 +283,7 @@ def export_whisper(model: Any, path: str, *, tokenizer: Any | None, data: AsrDat
         model: the Whisper model.
         path: the output folder.
         tokenizer: a ``tokenizers.Tokenizer`` saved alongside (None: none).
-        data: the data config, for the feature extractor's settings (None: no ``preprocessor_config.json``).
+        data: the ``data.format``, for the feature extractor's settings (None: no ``preprocessor_config.json``).
 
     Returns:
         ``path``.
@@ -284,7 +291,7 @@ def export_whisper(model: Any, path: str, *, tokenizer: Any | None, data: AsrDat
     return export_folder(path, lambda folder: _write_whisper(model, folder, tokenizer, data))
 
 
-def _write_whisper(model: Any, folder: str, tokenizer: Any | None, data: AsrDatasetConfig | None) -> None:
+def _write_whisper(model: Any, folder: str, tokenizer: Any | None, data: AsrDatasetFormat | None) -> None:
     from ponente.models.hf import save_whisper_pretrained
     from ponente.trainer.hf_tokenizer import HfTokenizerFiles
 
@@ -298,7 +305,8 @@ def _write_whisper(model: Any, folder: str, tokenizer: Any | None, data: AsrData
             chunk = int(chunk)  # transformers derives n_samples from it and pads with it: it must be an integer
         else:
             logger.warning(
-                "data.chunk_seconds=%s is not a whole number of seconds: transformers' WhisperFeatureExtractor cannot "
+                "data.format.chunk_seconds=%s is not a whole number of seconds: transformers' WhisperFeatureExtractor "
+                "cannot "
                 "express it, so the exported preprocessor_config.json pads to %d samples only through n_samples",
                 chunk,
                 samples,
@@ -325,26 +333,34 @@ class AsrTask(Task):
     """Train a Whisper model for speech recognition (a ``TrainAsrConfig``: Levanter's ``train_asr`` keys).
 
     Args:
-        config: the configuration (``data``: an ``AsrDatasetConfig``, ``model``: a ``WhisperConfig``,
-            ``initialize_from_hf``, ``use_hf_model_config``, ``hf_save_path``, ``hf_save_steps``, ``wer``, ...); the
-            task's :attr:`config` is it with ``model`` the model as trained (the checkpoint's config when
-            ``initialize_from_hf`` is set, unless ``use_hf_model_config: false``).
+        config: the configuration (``data``: an ``LMDatasetConfig`` with ``format: asr``, ``model``: a
+            ``WhisperConfig``, ``initialize_from_hf``, ``use_hf_model_config``, ``hf_save_path``, ``hf_save_steps``,
+            ``wer``, ...); the task's :attr:`config` is it with ``model`` the model as trained (the checkpoint's
+            config when ``initialize_from_hf`` is set, unless ``use_hf_model_config: false``).
 
     Raises:
-        ValueError: if ``data`` names no training data or no tokenizer, or its rows do not fit the model (naming
-            the keys).
+        ValueError: if ``data`` names no training data, is not of ``format: asr``, or its rows do not fit the model
+            (naming the keys).
     """
 
     def __init__(self, config: Any) -> None:
+        from ponente.trainer.data import AsrDatasetFormat, LMDatasetConfig, data_tokenizer, data_vocab_size
+
         check_training_data(config.data, hint="the packaged example: --config_path whisper_tiny_digits")
-        config.data.the_tokenizer  # noqa: B018  (fails early, naming data.tokenizer)
+        if not isinstance(config.data, LMDatasetConfig) or not isinstance(config.data.format, AsrDatasetFormat):
+            raise ValueError(
+                "data.format: speech recognition reads one corpus of format type 'asr' (data.format: {type: asr}), "
+                f"got {type(getattr(config.data, 'format', config.data)).__name__}"
+            )
+        self.data: LMDatasetConfig = config.data
+        self.speech: AsrDatasetFormat = config.data.format
+        self.tokenizer = data_tokenizer(self.data)  # fails early, naming data.tokenizer
         model_config: WhisperConfig = config.model
         if config.initialize_from_hf and config.use_hf_model_config is not False:
             model_config = hf_whisper_config(config.initialize_from_hf)
         self.config: TaskConfig = dataclasses.replace(config, model=model_config)
-        self.data: AsrDatasetConfig = config.data
         self.model_config = model_config
-        check_speech_shapes(self.data, model_config)
+        check_speech_shapes(self.speech, data_vocab_size(self.data), model_config)
         self.initialize_from_hf: str | None = config.initialize_from_hf
         self.allow_pickle: bool = config.allow_pickle
         self.hf_save_path: str | None = config.hf_save_path
@@ -372,11 +388,11 @@ class AsrTask(Task):
 
     def make_batch(self, rows: Mapping[str, np.ndarray]) -> Any:
         """Rows of features and tokens to the named Whisper batch (:func:`whisper_batch`)."""
-        return whisper_batch(rows, self.data.n_mels, self.data.frames)
+        return whisper_batch(rows, self.speech.n_mels, self.speech.frames)
 
     def placeholder_rows(self, count: int) -> dict[str, np.ndarray]:
         """Zeros in the layout of ``count`` rows of ``AsrExampleDataset``."""
-        data = self.data
+        data = self.speech
         return {
             "input_features": np.zeros((count, data.n_mels * data.frames), dtype=np.float32),
             "input_ids": np.zeros((count, data.max_label_tokens), dtype=np.int32),
@@ -384,8 +400,11 @@ class AsrTask(Task):
         }
 
     def datasets(self, seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
-        """The training clips of ``data`` and its validation sets."""
-        return self.data.train_set(seed=seed, batch_size=batch_size), dict(self.data.validation_sets())
+        """The training clips of ``data`` and its validation sets (`ponente.trainer.data.build_datasets`)."""
+        from ponente.trainer.data import build_datasets
+
+        built = build_datasets(self.data, self.speech.max_label_tokens, seed=seed, batch_size=batch_size)
+        return built.train, built.validation
 
     def evaluator(self, context: RunContext) -> Evaluator:
         """The loss and the greedy WER of each validation set (:class:`SpeechEvaluator`)."""
@@ -394,7 +413,8 @@ class AsrTask(Task):
             trainer,
             context.validation,
             trainer.config.max_eval_batches,
-            data=self.data,
+            data=self.speech,
+            tokenizer=self.tokenizer,
             wer=self.wer,
             eval_model=context.eval_model,
             run_dir=context.record.run_dir,
@@ -405,4 +425,4 @@ class AsrTask(Task):
         if not self.hf_save_path:
             return {}
         where = resolve_path(self.hf_save_path if subfolder is None else f"{self.hf_save_path}/{subfolder}")
-        return {"hugging face export": export_whisper(model, where, tokenizer=self.data.the_tokenizer, data=self.data)}
+        return {"hugging face export": export_whisper(model, where, tokenizer=self.tokenizer, data=self.speech)}

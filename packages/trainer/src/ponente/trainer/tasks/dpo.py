@@ -41,7 +41,7 @@ from .lm import LmTask, row_length
 if TYPE_CHECKING:
     from ponente.models.lora import LoraConfig
 
-__all__ = ["PAIR_FIELDS", "DpoTask", "PolicyAndReference", "dpo_batch", "pair_loss"]
+__all__ = ["PAIR_FIELDS", "DpoTask", "PolicyAndReference", "dpo_batch", "pair_loss", "with_epochs"]
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class DpoTask(LmTask):
             return super().pretrained_model(mp)
         if self.checkpoint_path:
             return mp.cast_to_param(
-                load_model_from_checkpoint(self.model_config, self.data.the_vocab_size, self.checkpoint_path)
+                load_model_from_checkpoint(self.model_config, self.vocab_size, self.checkpoint_path)
             )
         raise ValueError(
             "initialize_from_hf: preference tuning starts from a trained model; set initialize_from_hf (a Hugging "
@@ -242,7 +242,7 @@ class DpoTask(LmTask):
         if self.dpo.reference_is_hf:
             reference = load_hf_weights(path, self.model_config, mp, key="reference_model_path")
         else:
-            reference = mp.cast_to_param(load_model_from_checkpoint(self.model_config, self.data.the_vocab_size, path))
+            reference = mp.cast_to_param(load_model_from_checkpoint(self.model_config, self.vocab_size, path))
         _check_same_shapes(reference, initial, path)
         return reference
 
@@ -320,7 +320,7 @@ class DpoTask(LmTask):
 
     def flops_per_token(self) -> float | None:
         """Forward FLOPs per token of the policy (the reference's forward is not counted)."""
-        return self.model_config.flops_per_token(self.data.the_vocab_size)
+        return self.model_config.flops_per_token(self.vocab_size)
 
     # -- data -------------------------------------------------------------------------------------------------
     def datasets(self, seed: int, batch_size: int) -> tuple[Any, dict[str, Any]]:
@@ -449,3 +449,25 @@ def _check_same_shapes(reference: Any, policy: Any, path: str) -> None:
                 f"reference_model_path: the reference model at {path} has {name} of shape {shape}, the policy "
                 f"{pol[name]}; the reference must be the policy's architecture"
             )
+
+
+def with_epochs(config: Any) -> Any:
+    """``config`` (a ``TrainDpoConfig``) with ``trainer.num_train_steps`` of ``epoch`` passes over the training pairs
+    (read from the cache, built here if needed), ``ceil(epoch * pairs / train_batch_size)``.
+
+    Raises:
+        ValueError: naming ``epoch`` if the batch size is not a number of pairs yet (``train_batch_size: -1``).
+    """
+    import math
+
+    from ponente.trainer.data import pair_datasets
+
+    batch = config.trainer.train_batch_size
+    if batch < 1:
+        raise ValueError(f"epoch: needs trainer.train_batch_size as a number of pairs, got {batch}")
+    train_pairs, _ = pair_datasets(
+        config.data, 2, seed=0, validation_split_fraction=config.validation_split_fraction
+    )  # one pair per row whatever the length: the count does not depend on train_seq_len
+    train_pairs.wait_for_length(None)
+    steps = max(1, math.ceil(config.epoch * len(train_pairs) / batch))
+    return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, num_train_steps=steps))

@@ -18,6 +18,7 @@ import ponente.namedtensor as hax
 from ponente.models import LmExample, compute_next_token_loss_and_aux
 from ponente.models.context_parallel import zigzag_example
 from ponente.models.decoder import EXPERT_LOAD
+from ponente.trainer.data import AsrDatasetFormat, data_tokenizer, data_vocab_size
 from ponente.trainer.run import (
     RunContext,
     Task,
@@ -164,8 +165,14 @@ EXAMPLE_FIELDS = ("input_ids", "segment_ids", "loss_mask", "position_ids")
 
 def batch_fields(data: Any) -> tuple[str, ...]:
     """The fields of the training rows of a data config: :data:`EXAMPLE_FIELDS` when any source (or mixture
-    component) has a ``format`` other than ``text``, else :data:`TEXT_FIELDS`."""
+    component) has a ``format`` other than ``text``, else :data:`TEXT_FIELDS`.
+
+    Raises:
+        ValueError: naming ``data.format`` for speech data (``asr``), which is not token rows.
+    """
     sources = list(getattr(data, "configs", {}).values()) or [data]
+    if any(isinstance(getattr(source, "format", None), AsrDatasetFormat) for source in sources):
+        raise ValueError("data.format: type 'asr' is speech data; train it with ponente-train-asr")
     if any(getattr(getattr(source, "format", None), "has_loss_mask", False) for source in sources):
         return EXAMPLE_FIELDS
     return TEXT_FIELDS
@@ -280,8 +287,10 @@ class LmTask(Task):
         check_context_parallel(model_config, config.trainer, seq_len)
         self.model_config = pad_vocab_for_partitioning(model_config, config.trainer, jax.device_count())
         self.seq_len = seq_len
-        self.Vocab = hax.Axis("vocab", max(vocab_size or 0, self.data.the_vocab_size))
         self.fields = batch_fields(self.data)
+        self.tokenizer = data_tokenizer(self.data)
+        self.vocab_size = data_vocab_size(self.data)
+        self.Vocab = hax.Axis("vocab", max(vocab_size or 0, self.vocab_size))
         self.initialize_from_hf: str | None = config.initialize_from_hf
         self.allow_pickle: bool = config.allow_pickle
         self.hf_save_path: str | None = getattr(config, "hf_save_path", None)
@@ -345,7 +354,7 @@ class LmTask(Task):
 
     def flops_per_token(self) -> float | None:
         """The model's forward FLOPs per token."""
-        return self.model_config.flops_per_token(self.data.the_vocab_size)
+        return self.model_config.flops_per_token(self.vocab_size)
 
     def hooks(self, context: RunContext) -> list[Any]:
         """The log-prob pages (``viz_logprobs``) and the lm-eval scores (``eval_harness``), when configured."""
@@ -356,7 +365,7 @@ class LmTask(Task):
                 logprob_pages(
                     self.viz_logprobs,
                     datasets=context.validation,
-                    tokenizer=self.data.the_tokenizer,
+                    tokenizer=self.tokenizer,
                     tracker=context.tracker,
                     run_id=context.record.run_id,
                     run_dir=context.record.run_dir,
@@ -369,9 +378,9 @@ class LmTask(Task):
             found.append(
                 eval_harness_hook(
                     self.eval_harness,
-                    tokenizer=self.data.the_tokenizer,
+                    tokenizer=self.tokenizer,
                     tracker=context.tracker,
-                    vocab_size=self.data.the_vocab_size,
+                    vocab_size=self.vocab_size,
                     mesh=trainer.mesh,
                     axis_mapping=trainer.compute_axis_mapping,
                     parameter_axis_mapping=trainer.parameter_axis_mapping,
@@ -388,7 +397,7 @@ class LmTask(Task):
 
     def _export_hf(self, model: Any, path: str, subfolder: str | None) -> str:
         where = resolve_path(path if subfolder is None else f"{path}/{subfolder}")
-        return export_hf(model, where, tokenizer=self.data.the_tokenizer, seq_len=self.seq_len)
+        return export_hf(model, where, tokenizer=self.tokenizer, seq_len=self.seq_len)
 
     def finish(self, state: Any, context: RunContext) -> str | None:
         """The text sampled from the trained model (``sample``), logged to the trackers' summary."""
@@ -397,6 +406,6 @@ class LmTask(Task):
         if self.sample is None or self.sample.num_tokens <= 0:
             return None
         key = jax.random.fold_in(state.training_key, 1)
-        sample = sample_text(state.model, self.data.the_tokenizer, self.data.the_vocab_size, self.sample, key)
+        sample = sample_text(state.model, self.tokenizer, self.vocab_size, self.sample, key)
         context.tracker.log_summary({"sample": sample})
         return sample

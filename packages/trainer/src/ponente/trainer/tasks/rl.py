@@ -52,6 +52,7 @@ from .dpo import PolicyAndReference
 
 __all__ = [
     "RL_LOSSES",
+    "RlConfig",
     "RlTask",
     "group_advantages",
     "policy_loss",
@@ -69,6 +70,55 @@ ADVANTAGE_EPS = 1e-4
 """Added to the group's standard deviation before GRPO divides by it (TRL's value)."""
 
 AXES = ("batch", "position")
+
+
+@dataclasses.dataclass(frozen=True)
+class RlConfig:
+    """Rollouts and the objective.
+
+    Attributes:
+        group_size: completions sampled per prompt (>= 2: the advantages compare them).
+        max_new_tokens: the most tokens of a completion (also Dr. GRPO's constant normaliser).
+        temperature: the sampling temperature (> 0).
+        top_p: nucleus sampling (None: off).
+        stop_tokens: tokens that end a completion (empty: the tokenizer's end-of-sequence token).
+        stop_strings: strings that end a completion (the text is cut before them).
+        loss: ``grpo``, ``dr_grpo`` or ``rloo``.
+        clip_epsilon: the ratio clip.
+        kl_coef: the weight of the k3 KL to the frozen initial model (0: no reference kept).
+        sync_every: copy the trained weights into the engine every this many steps.
+        rollout_batch_size: the most completions the engine runs together (None: the whole step).
+    """
+
+    group_size: int = 4
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float | None = None
+    stop_tokens: list[str] = dataclasses.field(default_factory=list)
+    stop_strings: list[str] = dataclasses.field(default_factory=list)
+    loss: str = "grpo"
+    clip_epsilon: float = 0.2
+    kl_coef: float = 0.0
+    sync_every: int = 1
+    rollout_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size: expected >= 2 (advantages compare a prompt's completions), got {self.group_size}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: expected > 0, got {self.temperature}")
+        if self.loss not in RL_LOSSES:
+            raise ValueError(f"loss: expected one of {', '.join(RL_LOSSES)}, got {self.loss!r}")
+        if not self.clip_epsilon > 0:
+            raise ValueError(f"clip_epsilon: expected > 0, got {self.clip_epsilon}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef: expected >= 0, got {self.kl_coef}")
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every: expected >= 1, got {self.sync_every}")
 
 
 # -- the objective ----------------------------------------------------------------------------------------------

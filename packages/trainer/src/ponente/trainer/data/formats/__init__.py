@@ -1,5 +1,5 @@
 """The ``data.format`` configs, registered by ``type``: ``text``, ``supervised``, ``chat``,
-``preference_chat``.
+``preference_chat`` and ``asr`` (speech recognition).
 
 A format says how a corpus's records become cached tokens and training rows, and holds only its own fields::
 
@@ -13,12 +13,14 @@ registered `LmDatasetFormat` subclass and import it here.
 """
 
 from ponente.trainer.data.formats._base import LmDatasetFormat
+from ponente.trainer.data.formats.asr import AsrDatasetFormat
 from ponente.trainer.data.formats.chat import ChatLmDatasetFormat
 from ponente.trainer.data.formats.preference import PreferenceChatLmDatasetFormat
 from ponente.trainer.data.formats.supervised import SupervisedLmDatasetFormat
 from ponente.trainer.data.formats.text import TextLmDatasetFormat
 
 __all__ = [
+    "AsrDatasetFormat",
     "ChatLmDatasetFormat",
     "LmDatasetFormat",
     "PreferenceChatLmDatasetFormat",

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, ClassVar
 from ponente.trainer.config import Registrable
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ponente.datacache import BatchProcessor, CacheDataset, Dataset
     from ponente.trainer.data.tokens import TokenizerSpec
 
@@ -46,16 +48,19 @@ class LmDatasetFormat(Registrable, abc.ABC):
         return "text"
 
     @abc.abstractmethod
-    def processor(self, tokens: TokenizerSpec) -> BatchProcessor:
-        """The datacache processor of this format.
+    def processor(self, tokens: TokenizerSpec, folder: str | None) -> BatchProcessor:
+        """The datacache processor of this format for one split.
 
         Args:
             tokens: The data config's tokenizer and BOS/EOS policy.
+            folder: The folder of the split's first file, which relative paths inside records resolve against
+                (``asr``'s audio paths); None for a Hugging Face dataset.
 
         Raises:
             ValueError: naming the key (e.g. a template that cannot be read).
         """
 
     @abc.abstractmethod
-    def rows(self, cache: CacheDataset, seq_len: int) -> Dataset[dict]:
-        """The rows of ``seq_len`` tokens cut from a cache built with `processor`."""
+    def rows(self, cache: CacheDataset, seq_len: int, tokenizer: Tokenizer) -> Dataset[dict]:
+        """The rows of ``seq_len`` tokens cut from a cache built with `processor` (``tokenizer``: the data's, for
+        formats that pad with one of its tokens)."""

@@ -11,6 +11,8 @@ from ponente.trainer.data.templates import read_template, tokenizer_chat_default
 from ponente.trainer.data.tokens import BOS_CANDIDATES, EOS_CANDIDATES, maybe_special
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ponente.trainer.data.tokens import TokenizerSpec
 
 __all__ = ["ChatLmDatasetFormat", "chat_template_of"]
@@ -80,12 +82,13 @@ class ChatLmDatasetFormat(LmDatasetFormat):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"data.format.{key}: expected true or false, got {getattr(self, key)!r}")
 
-    def processor(self, tokens: TokenizerSpec) -> BatchProcessor:
+    def processor(self, tokens: TokenizerSpec, folder: str | None) -> BatchProcessor:
         """A `ChatProcessor` (reads the template and the tokenizer folder's chat defaults).
 
         Raises:
             ValueError: naming ``data.format.chat_template`` if there is no template, or it cannot be read.
         """
+        del folder  # no paths inside the records
         template, bos, eos = chat_template_of(tokens, self.chat_template)
         return ChatProcessor(
             tokens.tokenizer,
@@ -97,6 +100,7 @@ class ChatLmDatasetFormat(LmDatasetFormat):
             template_key="data.format.chat_template",
         )
 
-    def rows(self, cache: CacheDataset, seq_len: int) -> Dataset[dict]:
+    def rows(self, cache: CacheDataset, seq_len: int, tokenizer: Tokenizer) -> Dataset[dict]:
         """Whole conversations packed into rows of ``seq_len`` tokens (one per row when ``pack`` is off)."""
+        del tokenizer
         return PackedExampleDataset(cache, seq_len, pack=self.pack)

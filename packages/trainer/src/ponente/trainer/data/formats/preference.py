@@ -10,6 +10,8 @@ from ponente.trainer.data.formats._base import LmDatasetFormat, check_field_name
 from ponente.trainer.data.formats.chat import chat_template_of
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ponente.trainer.data.tokens import TokenizerSpec
 
 __all__ = ["PreferenceChatLmDatasetFormat"]
@@ -62,12 +64,13 @@ class PreferenceChatLmDatasetFormat(LmDatasetFormat):
         if self.chosen_field == self.rejected_field:
             raise ValueError(f"data.format.rejected_field: the same field as chosen_field ({self.chosen_field!r})")
 
-    def processor(self, tokens: TokenizerSpec) -> BatchProcessor:
+    def processor(self, tokens: TokenizerSpec, folder: str | None) -> BatchProcessor:
         """A `PreferenceChatProcessor` (the chat template resolved as for ``chat``).
 
         Raises:
             ValueError: naming ``data.format.chat_template`` if there is no template, or it cannot be read.
         """
+        del folder  # no paths inside the records
         template, bos, eos = chat_template_of(tokens, self.chat_template)
         return PreferenceChatProcessor(
             tokens.tokenizer,
@@ -80,6 +83,7 @@ class PreferenceChatLmDatasetFormat(LmDatasetFormat):
             template_key="data.format.chat_template",
         )
 
-    def rows(self, cache: CacheDataset, seq_len: int) -> Dataset[dict]:
+    def rows(self, cache: CacheDataset, seq_len: int, tokenizer: Tokenizer) -> Dataset[dict]:
         """One pair per row of ``seq_len`` tokens (longer pairs as ``truncation`` says)."""
+        del tokenizer
         return PreferencePairDataset(cache, seq_len, truncation=self.truncation, name=str(cache.location))

@@ -10,6 +10,8 @@ from ponente.trainer.data.formats._base import LmDatasetFormat, check_field_name
 from ponente.trainer.data.templates import read_template
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ponente.trainer.data.tokens import TokenizerSpec
 
 __all__ = ["SupervisedLmDatasetFormat"]
@@ -51,8 +53,9 @@ class SupervisedLmDatasetFormat(LmDatasetFormat):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"data.format.{key}: expected true or false, got {getattr(self, key)!r}")
 
-    def processor(self, tokens: TokenizerSpec) -> BatchProcessor:
+    def processor(self, tokens: TokenizerSpec, folder: str | None) -> BatchProcessor:
         """A `SupervisedProcessor` (reads ``prompt_template`` when it names a file)."""
+        del folder  # no paths inside the records
         eos = tokens.eos
         bos = tokens.bos
         return SupervisedProcessor(
@@ -66,6 +69,7 @@ class SupervisedLmDatasetFormat(LmDatasetFormat):
             template_key="data.format.prompt_template",
         )
 
-    def rows(self, cache: CacheDataset, seq_len: int) -> Dataset[dict]:
+    def rows(self, cache: CacheDataset, seq_len: int, tokenizer: Tokenizer) -> Dataset[dict]:
         """Whole examples packed into rows of ``seq_len`` tokens (one per row when ``pack`` is off)."""
+        del tokenizer
         return PackedExampleDataset(cache, seq_len, pack=self.pack)

@@ -9,6 +9,8 @@ from ponente.datacache import BatchProcessor, CacheDataset, Dataset, TokenizerPr
 from ponente.trainer.data.formats._base import LmDatasetFormat, check_field_name
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ponente.trainer.data.tokens import TokenizerSpec
 
 __all__ = ["TextLmDatasetFormat"]
@@ -44,11 +46,13 @@ class TextLmDatasetFormat(LmDatasetFormat):
         """``text_key``: documents of ``.txt`` files are read into this field."""
         return self.text_key
 
-    def processor(self, tokens: TokenizerSpec) -> BatchProcessor:
+    def processor(self, tokens: TokenizerSpec, folder: str | None) -> BatchProcessor:
         """A `TokenizerProcessor` of ``text_key`` with the BOS/EOS policy of ``tokens``."""
+        del folder  # no paths inside the records
         eos = tokens.eos
         return TokenizerProcessor(tokens.tokenizer, text_key=self.text_key, bos=tokens.bos, eos=eos)
 
-    def rows(self, cache: CacheDataset, seq_len: int) -> Dataset[dict]:
+    def rows(self, cache: CacheDataset, seq_len: int, tokenizer: Tokenizer) -> Dataset[dict]:
         """Windows of ``seq_len`` tokens (`TokenSeqDataset`)."""
+        del tokenizer
         return TokenSeqDataset(cache, seq_len)
