@@ -193,6 +193,11 @@ def test_context_keys_fail_naming_the_key():
         LlamaConfig(attention_context_parallel="rings")
     with pytest.raises(ValueError, match=r"trainer\.context_axis_size must be >= 1"):
         TrainerConfig(context_axis_size=0)
+    from ponente.trainer.run._startup import resolve_train_batch_size
+
+    # batch -1: one sequence per data shard; the 4 devices of a context group share a sequence
+    auto = TrainerConfig(train_batch_size=-1, per_device_parallelism=1, context_axis_size=4)
+    assert resolve_train_batch_size(auto, 8).train_batch_size == 2
     assert TrainerConfig(context_axis_size=2).compute_axis_mapping["position"] == "context"
     assert "position" not in TrainerConfig(context_axis_size=2).parameter_axis_mapping
 

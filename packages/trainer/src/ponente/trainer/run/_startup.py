@@ -192,12 +192,12 @@ def resolve_train_batch_size(tcfg: TrainerConfig, num_devices: int) -> TrainerCo
 
 
 def _mesh_sizes(tcfg: TrainerConfig, num_devices: int) -> dict[str, int]:
-    """The sizes of the ``model``, ``expert``, ``replica`` and ``data`` mesh axes of ``tcfg`` over ``num_devices``
-    devices."""
-    model, expert = tcfg.model_axis_size, tcfg.expert_axis_size
+    """The sizes of the ``model``, ``expert``, ``context``, ``replica`` and ``data`` mesh axes of ``tcfg`` over
+    ``num_devices`` devices."""
+    model, expert, context = tcfg.model_axis_size, tcfg.expert_axis_size, tcfg.context_axis_size
     replica = tcfg.replica_axis_size * tcfg.replica_dcn_axis_size
-    data = max(num_devices // (model * expert * replica), 1)
-    return {"model": model, "expert": expert, "replica": replica, "data": data}
+    data = max(num_devices // (model * expert * context * replica), 1)
+    return {"model": model, "expert": expert, "context": context, "replica": replica, "data": data}
 
 
 def check_context_parallel(model_config: Any, tcfg: TrainerConfig, seq_len: int) -> None:

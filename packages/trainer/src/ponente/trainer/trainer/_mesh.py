@@ -64,7 +64,7 @@ def hybrid_device_grid(config: TrainerConfig, devices: list[Any]) -> np.ndarray:
     logger.info("hybrid mesh: %d %s along the replica axis", dcn, "process groups" if by_process else "slices")
     try:
         grid: np.ndarray = mesh_utils.create_hybrid_device_mesh(
-            (replica, data, expert, context, model), (dcn, 1, 1, 1), devices, process_is_granule=by_process
+            (replica, data, expert, context, model), (dcn, 1, 1, 1, 1), devices, process_is_granule=by_process
         )
     except (ValueError, AssertionError) as e:
         raise ValueError(
