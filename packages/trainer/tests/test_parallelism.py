@@ -98,6 +98,7 @@ def test_layout_trains_like_one_device_and_stores_parameters_by_the_mapping(name
         "replica": layout.get("replica_axis_size", 1),
         "data": 8 // layout.get("model_axis_size", 1) // layout.get("replica_axis_size", 1),
         "expert": 1,
+        "context": 1,
         "model": layout.get("model_axis_size", 1),
     }
     adam_state = named_leaves(state.opt_state)
@@ -183,13 +184,13 @@ def test_hybrid_mesh_puts_each_slice_on_contiguous_replica_rows(replica, model):
     grid = hybrid_device_grid(config, devices)
 
     data = len(devices) // (dcn * replica * model)
-    assert grid.shape == (dcn * replica, data, 1, model)  # the expert axis has size 1
+    assert grid.shape == (dcn * replica, data, 1, 1, model)  # the expert and context axes have size 1
     for k in range(dcn):
         in_slice = [d for d in devices if d.slice_index == k]  # in their list order within the slice
         block = grid[k * replica : (k + 1) * replica]
         assert {d.slice_index for d in block.flat} == {k}
         np.testing.assert_array_equal(
-            np.vectorize(lambda d: d.id)(block), np.array([d.id for d in in_slice]).reshape(replica, data, 1, model)
+            np.vectorize(lambda d: d.id)(block), np.array([d.id for d in in_slice]).reshape(replica, data, 1, 1, model)
         )
 
 
