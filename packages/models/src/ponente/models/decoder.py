@@ -52,7 +52,7 @@ from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions
 from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
-from .moe import MoeMlp, RouterOutput, expert_load, router_metrics
+from .moe import MoeMlp, RouterOutput, expert_load, router_group_metrics, router_metrics
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
@@ -905,14 +905,18 @@ class DecoderLM(LmHeadModel[Any]):
         Returns:
             ``(hidden states after the final norm, {})``, or for a mixture of experts
             ``{"router_aux_loss": weight * load-balancing loss}`` and the diagnostics of
-            :func:`~ponente.models.moe.router_metrics` over all layers, named ``router/<metric>`` (logged, not added
-            to the loss).
+            :func:`~ponente.models.moe.router_metrics` over all MoE layers, named ``router/<metric>``, and per group of
+            consecutive MoE layers (``config.router_metrics_groups`` groups, when at least two),
+            ``router/group_<g>/<metric>`` (logged, not added to the loss).
         """
         x, _, routing = self._run(input_ids, attn_mask, pos_ids, key=key)
         if routing is None:
             return x, {}
         metrics = router_metrics(routing, self.config.Experts)
         aux = {ROUTER_AUX_LOSS: metrics["load_balancing_loss"] * self.config.router_aux_loss_coef}
+        groups = router_group_metrics(routing, self.config.Experts, getattr(self.config, "router_metrics_groups", 0))
+        if len(groups) > len(metrics):  # one group would repeat the overall metrics
+            metrics.update(groups)
         aux.update({f"router/{name}": jax.lax.stop_gradient(value) for name, value in metrics.items()})
         moe = self.transformer.layers.stacked.block_sparse_moe
         if moe is not None and moe.balance_bias is not None:

@@ -52,6 +52,9 @@ class Qwen3MoeConfig(Qwen3Config):
         router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer gets a router bias, added
             to the scores for the top-k choice only, that the trainer moves by ``rate * sign(mean load - load)`` after
             every step (0: off, no bias).
+        router_metrics_groups: the MoE layers, in order, split into this many groups of consecutive layers (fewer
+            when there are fewer layers; see :func:`~ponente.models.moe.layer_groups`) whose router metrics are logged
+            per group (``router/group_<g>/<metric>``) besides the overall ones; 0: none.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -82,6 +85,7 @@ class Qwen3MoeConfig(Qwen3Config):
     moe_dispatch: str = "auto"
     moe_capacity_factor: float | None = None
     router_bias_update_rate: float = 0.0
+    router_metrics_groups: int = 4
 
     feed_forward_keys: ClassVar[int] = 1
 
@@ -95,6 +99,7 @@ class Qwen3MoeConfig(Qwen3Config):
             self.moe_dispatch,
             self.moe_capacity_factor,
             self.router_bias_update_rate,
+            self.router_metrics_groups,
         )
         if self.moe_intermediate_dim < 1:
             raise ValueError(f"{name}: moe_intermediate_dim must be positive, got {self.moe_intermediate_dim}")
