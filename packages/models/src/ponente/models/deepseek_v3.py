@@ -22,7 +22,7 @@ from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 from .attention import AttentionMask
 from .attention.kv_cache import CACHE_POSITION, KvCache, take_positions
 from .config import lm_flops_per_token, padded_vocab_size, register_config
-from .decoder import DecoderBlock, DecoderStack, GatedMlp, _block_step
+from .decoder import DecoderBlock, DecoderStack, DenseBlocks, GatedMlp, _block_step
 from .llama import LlamaConfig, LlamaLMHeadModel
 from .moe import TOP_K, MoeMlp, RouterOutput, check_moe_fields
 from .remat import tag
@@ -589,29 +589,6 @@ class SharedExpertsMoe(MoeMlp):
         return out, routing
 
 
-class _DenseBlocks:
-    """``config`` seen by :meth:`DecoderBlock.init` for the dense first blocks (its feed-forward is the dense MLP)."""
-
-    def __init__(self, config: DeepseekV3Config) -> None:
-        self._config = config
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._config, name)
-
-    def init_feed_forward(self, keys: jax.Array) -> GatedMlp:
-        return self._config.init_dense_feed_forward(keys)
-
-
-class DeepseekV3Stack(DecoderStack):
-    """:class:`~ponente.models.decoder.DecoderStack` with the dense first blocks as a stack of their own.
-
-    Attributes:
-        dense_layers: the first ``first_k_dense_replace`` blocks (dense MLP), or None; ``layers`` holds the others.
-    """
-
-    dense_layers: Stacked[DecoderBlock] | None = None
-
-
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
 _OURS_LAYER = re.compile(r"^model\.(dense_layers|layers)\.(\d+)\.(.*)$")
 _HF_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -632,7 +609,7 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
     load-balancing loss (DeepSeek-V3 balances with the correction bias).
     """
 
-    transformer: DeepseekV3Stack
+    transformer: DecoderStack
 
     @classmethod
     def init(cls, config: Any, Vocab: Axis, *, key: jax.Array) -> Self:
@@ -644,13 +621,13 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
         dense = None
         if k:
             dense = Stacked.init(Axis("layers", k), DecoderBlock, gradient_checkpointing=ckpt)(
-                _DenseBlocks(config), key=jax.random.split(k_dense, k)
+                DenseBlocks(config), key=jax.random.split(k_dense, k)
             )
         n = config.num_layers - k
         layers = Stacked.init(Axis("layers", n), DecoderBlock, gradient_checkpointing=ckpt)(
             config, key=jax.random.split(k_layers, n)
         )
-        transformer = DeepseekV3Stack(
+        transformer = DecoderStack(
             embed_tokens=Embedding.init(
                 PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
             ),
