@@ -16,10 +16,9 @@ from typing import Any, TypeVar
 
 import jax
 
+import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Stacked
-
-import ponente.namedtensor as hax
 
 from .moe import RouterOutput
 

@@ -50,7 +50,15 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, RmsNorm, Stacked
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
-from ._layer_runs import DENSE_LAYERS, concat_routing, from_hf_layers, layer_runs, slice_layers, slice_stack, to_hf_layers
+from ._layer_runs import (
+    DENSE_LAYERS,
+    concat_routing,
+    from_hf_layers,
+    layer_runs,
+    slice_layers,
+    slice_stack,
+    to_hf_layers,
+)
 from ._layer_types import select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions

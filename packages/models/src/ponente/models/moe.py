@@ -9,6 +9,7 @@ holding its experts by all-to-all (:mod:`ponente.models._expert_parallel`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import equinox as eqx
@@ -269,7 +270,7 @@ def layer_groups(num_layers: int, groups: int) -> list[tuple[int, int]]:
     bounds = [0]
     for g in range(n):
         bounds.append(bounds[-1] + size + (1 if g < extra else 0))
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def router_group_metrics(routing: RouterOutput, Experts: Axis, groups: int) -> dict[str, NamedArray]:
@@ -605,7 +606,9 @@ def check_moe_fields(
     if not router_bias_update_rate >= 0:
         raise ValueError(f"{name}: router_bias_update_rate must be >= 0 (0: off), got {router_bias_update_rate}")
     if router_metrics_groups < 0:
-        raise ValueError(f"{name}: router_metrics_groups must be >= 0 (0: no per-group metrics), got {router_metrics_groups}")
+        raise ValueError(
+            f"{name}: router_metrics_groups must be >= 0 (0: no per-group metrics), got {router_metrics_groups}"
+        )
 
 
 def sparse_flops_per_token(config: Any, vocab_size: int, expert_dim: int) -> float:

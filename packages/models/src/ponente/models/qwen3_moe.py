@@ -109,7 +109,9 @@ class Qwen3MoeConfig(Qwen3Config):
             raise ValueError(f"{name}: decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
         bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
         if bad:
-            raise ValueError(f"{name}: mlp_only_layers must be in 0..num_layers - 1 ({self.num_layers - 1}), got {bad}")
+            raise ValueError(
+                f"{name}: mlp_only_layers must be in 0..num_layers - 1 ({self.num_layers - 1}), got {bad}"
+            )
         if all(self.dense_layers()):
             raise ValueError(
                 f"{name}: decoder_sparse_step={self.decoder_sparse_step}, mlp_only_layers="
@@ -146,7 +148,8 @@ class Qwen3MoeConfig(Qwen3Config):
         )
 
     def init_dense_feed_forward(self, keys: jax.Array) -> GatedMlp:
-        """The dense SwiGLU MLP (``intermediate_dim``) of a block without experts (Hugging Face ``mlp.gate_proj``...)."""
+        """The dense SwiGLU MLP (``intermediate_dim``) of a block without experts (Hugging Face ``mlp.gate_proj``,
+        ...)."""
         return GatedMlp.init(self.Embed, self.Mlp, jax.random.split(keys[0], 3))
 
     def flops_per_token(self, vocab_size: int) -> float:
