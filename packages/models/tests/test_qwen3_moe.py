@@ -64,7 +64,6 @@ CASES: list[dict[str, Any]] = [
     {"norm_topk_prob": True, "num_experts": 8, "num_experts_per_tok": 3, "num_hidden_layers": 3},
     {"use_sliding_window": True, "sliding_window": 4},
     {"num_hidden_layers": 5, "mlp_only_layers": [0, 3]},  # dense, moe, moe, dense, moe
-    {"num_hidden_layers": 3, "decoder_sparse_step": 2, "norm_topk_prob": True},  # dense, moe, dense
 ]
 
 
@@ -126,7 +125,8 @@ def test_greedy_decoding_through_the_cache_equals_transformers_generate(
     np.testing.assert_array_equal(np.stack(got, axis=1), expected)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"num_hidden_layers": 3, "mlp_only_layers": [1]}], ids=["moe", "mixed"])
+# decoder_sparse_step 2 over 3 layers: dense, moe, dense
+@pytest.mark.parametrize("overrides", [{}, {"num_hidden_layers": 3, "decoder_sparse_step": 2}], ids=["moe", "mixed"])
 def test_hf_files_both_ways(tmp_path: Path, overrides: dict[str, Any]) -> None:
     torch.manual_seed(7)
     hf = _tiny(norm_topk_prob=True, **overrides)
@@ -147,13 +147,12 @@ def test_hf_files_both_ways(tmp_path: Path, overrides: dict[str, Any]) -> None:
     assert set(state) == set(hf.state_dict()) - {k for k in hf.state_dict() if ".mlp.experts." in k} | {
         k for k in state if ".mlp.experts." in k
     }
-    moe = 2 if overrides else 1
-    assert state[f"model.layers.{moe}.mlp.experts.3.gate_proj.weight"].shape == (24, 32)
-    assert state["model.layers.0.mlp.gate.weight"].shape == (4, 32)
+    assert state["model.layers.1.mlp.experts.3.gate_proj.weight"].shape == (24, 32)
+    assert state["model.layers.1.mlp.gate.weight"].shape == (4, 32)
     if overrides:
-        assert state["model.layers.1.mlp.gate_proj.weight"].shape == (40, 32)  # the dense block
-    del state[f"model.layers.{moe}.mlp.experts.2.up_proj.weight"]
-    with pytest.raises(KeyError, match=rf"layers\.{moe}\.mlp\.experts\.2\.up_proj"):
+        assert state["model.layers.2.mlp.gate_proj.weight"].shape == (40, 32)  # a dense block
+    del state["model.layers.1.mlp.experts.2.up_proj.weight"]
+    with pytest.raises(KeyError, match=r"layers\.1\.mlp\.experts\.2\.up_proj"):
         loaded.from_hf_state_dict(state)
 
 
