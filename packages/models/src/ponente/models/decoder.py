@@ -77,7 +77,6 @@ __all__ = [
     "DecoderLM",
     "DecoderStack",
     "DecoderStackParts",
-    "DenseBlocks",
     "FusedQkvAttention",
     "GatedMlp",
     "GemmaRmsNorm",
@@ -779,7 +778,7 @@ class DecoderStack(eqx.Module):
     dense_layers: Stacked[DecoderBlock] | None = None
 
 
-class DenseBlocks:
+class _DenseBlocks:
     """``config`` as :meth:`DecoderBlock.init` sees it for the dense blocks of a model mixing dense and MoE blocks:
     its feed-forward is ``config.init_dense_feed_forward``."""
 
@@ -867,7 +866,7 @@ class DecoderLM(LmHeadModel[Any]):
             )
             dense_stack = Stacked.init(
                 Axis(config.Layers.name, len(ids[1])), DecoderBlock, gradient_checkpointing=ckpt
-            )(DenseBlocks(config), key=layer_keys[jnp.asarray(ids[1])])
+            )(_DenseBlocks(config), key=layer_keys[jnp.asarray(ids[1])])
         transformer = DecoderStack(
             embed_tokens=Embedding.init(
                 PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
