@@ -116,6 +116,44 @@ def test_routing_and_aux_loss_match_transformers(pair: tuple[Any, MixtralLMHeadM
     np.testing.assert_allclose(float(aux["router_aux_loss"].scalar()), expected, rtol=1e-5)
 
 
+def _np_router_metrics(logits: np.ndarray, k: int) -> dict[str, float]:
+    """NumPy router metrics of router logits ``(layers, tokens, experts)`` (Mixtral's top-k of the softmax)."""
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    chosen = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    counts = np.zeros_like(probs)
+    np.put_along_axis(counts, chosen, 1.0, axis=-1)
+    experts = logits.shape[-1]
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    load = counts.sum(1)  # (layers, experts)
+    return {
+        "load_balancing_loss": experts * float((counts.mean((0, 1)) * probs.mean((0, 1))).sum()),
+        "z_loss": float((lse**2).mean()),
+        "expert_load_max": float((load.max(-1) / load.mean(-1)).max()),
+        "dropped_fraction": 0.0,
+    }
+
+
+def test_router_metrics_per_layer_group_match_numpy(pair: tuple[Any, MixtralLMHeadModel, int]) -> None:
+    hf, _, seq = pair
+    model = _port(hf, router_metrics_groups=2)
+    ids = _ids(seq, seed=2)
+    with torch.no_grad():
+        router_logits = hf(torch.tensor(ids), output_router_logits=True).router_logits
+    logits = np.stack([r.float().numpy() for r in router_logits])  # (layers, tokens, experts)
+    layers, k = logits.shape[0], hf.config.num_experts_per_tok
+    _, aux = model.logits_and_aux(_named(ids))
+    # groups of consecutive layers: 1 layer -> none (the overall metrics), 2 -> [0] [1], 3 -> [0, 1] [2]
+    bounds = {1: [], 2: [(0, 1), (1, 2)], 3: [(0, 2), (2, 3)]}[layers]
+    expected = {f"router/{n}": v for n, v in _np_router_metrics(logits, k).items()}
+    for g, (lo, hi) in enumerate(bounds):
+        expected.update({f"router/group_{g}/{n}": v for n, v in _np_router_metrics(logits[lo:hi], k).items()})
+    got = {name: float(value.scalar()) for name, value in aux.items() if name.startswith("router/")}
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("case", [0, 1])
 def test_hf_file_round_trips(case: int, tmp_path: Path) -> None:
     torch.manual_seed(10 + case)
@@ -213,6 +251,8 @@ def test_loss_includes_the_router_aux_loss_and_training_reduces_it(train_losses:
         "router/z_loss",
         "router/expert_load_max",
         "router/dropped_fraction",
+        *(f"router/group_{g}/{n}" for g in (0, 1) for n in ("load_balancing_loss", "z_loss", "expert_load_max")),
+        *(f"router/group_{g}/dropped_fraction" for g in (0, 1)),
     }
     losses = train_losses(model, ids)
     assert np.isfinite(losses).all()

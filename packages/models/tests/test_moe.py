@@ -20,7 +20,14 @@ from transformers.models.mixtral.modeling_mixtral import (
 )
 
 import ponente.namedtensor as hax
-from ponente.models.moe import MoeMlp, RouterOutput, load_balancing_loss, route_top_k
+from ponente.models.moe import (
+    MoeMlp,
+    RouterOutput,
+    layer_groups,
+    load_balancing_loss,
+    route_top_k,
+    route_top_k_softmax,
+)
 
 Embed, Mlp = hax.Axis("embed", 8), hax.Axis("mlp", 6)
 
@@ -171,3 +178,29 @@ def test_bad_k_is_rejected_with_the_axis_named() -> None:
         MoeMlp.init(Embed, Mlp, E, 2, key=jax.random.key(0), dispatch="gather")
     with pytest.raises(ValueError, match="'experts'"):
         route_top_k(hax.zeros(E), E, 0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_softmax_after_top_k_routing_with_a_bias_matches_numpy(k: int) -> None:
+    """gpt-oss's routing with DeepSeek-V3's balancing bias: chosen by ``logits + bias``, weighted by the softmax of
+    the chosen logits alone."""
+    rng = np.random.default_rng(k)
+    logits, bias = rng.normal(size=(6, 5)).astype(np.float32), rng.normal(size=5).astype(np.float32)
+    E = hax.Axis("experts", 5)
+    ours = route_top_k_softmax(hax.named(jnp.asarray(logits), ("position", "experts")), E, k, bias=hax.named(bias, E))
+    chosen = np.argsort(-(logits + bias), axis=-1, kind="stable")[:, :k]
+    top = np.take_along_axis(logits, chosen, -1)
+    weights = np.exp(top - top.max(-1, keepdims=True))
+    np.testing.assert_array_equal(np.asarray(ours.indices.array), chosen)
+    np.testing.assert_allclose(np.asarray(ours.weights.array), weights / weights.sum(-1, keepdims=True), atol=1e-6)
+    assert not np.array_equal(chosen, np.argsort(-logits, axis=-1, kind="stable")[:, :k])  # the bias did steer
+
+
+@given(st.integers(0, 12), st.integers(0, 6))
+def test_layer_groups_cover_the_layers_in_order(layers: int, groups: int) -> None:
+    runs = layer_groups(layers, groups)
+    assert len(runs) == min(layers, groups)
+    flat = [i for start, stop in runs for i in range(start, stop)]
+    assert flat == (list(range(layers)) if runs else [])
+    sizes = [stop - start for start, stop in runs]
+    assert not sizes or max(sizes) - min(sizes) <= 1

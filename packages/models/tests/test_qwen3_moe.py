@@ -1,5 +1,6 @@
 """Qwen3-MoE: logits, routing and aux loss vs transformers, HF files both ways, greedy decoding through the KV
-cache vs ``generate``, LoRA, and the config's checks."""
+cache vs ``generate``, LoRA, and the config's checks; with experts in every block, or dense MLPs in some
+(``mlp_only_layers``, ``decoder_sparse_step``)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ CASES: list[dict[str, Any]] = [
     {"norm_topk_prob": True, "tie_word_embeddings": True, "num_experts_per_tok": 1, "num_key_value_heads": 4},
     {"norm_topk_prob": True, "num_experts": 8, "num_experts_per_tok": 3, "num_hidden_layers": 3},
     {"use_sliding_window": True, "sliding_window": 4},
+    {"num_hidden_layers": 5, "mlp_only_layers": [0, 3]},  # dense, moe, moe, dense, moe
 ]
 
 
@@ -83,7 +85,8 @@ def test_logits_routing_and_aux_loss_match_transformers(pair: tuple[Any, Qwen3Mo
     np.testing.assert_allclose(np.asarray(sparse(_named(ids)).array), out.logits.numpy(), atol=TOL, rtol=0)
     k = hf.config.num_experts_per_tok
     routing = model.routing(_named(ids))
-    for layer in range(hf.config.num_hidden_layers):
+    assert routing.indices.resolve_axis("layers").size == len(out.router_logits)  # the MoE blocks only
+    for layer in range(len(out.router_logits)):
         probs = torch.softmax(out.router_logits[layer].float(), -1)
         top, chosen = torch.topk(probs, k, dim=-1)
         if hf.config.norm_topk_prob:
@@ -122,9 +125,11 @@ def test_greedy_decoding_through_the_cache_equals_transformers_generate(
     np.testing.assert_array_equal(np.stack(got, axis=1), expected)
 
 
-def test_hf_files_both_ways(tmp_path: Path) -> None:
+# decoder_sparse_step 2 over 3 layers: dense, moe, dense
+@pytest.mark.parametrize("overrides", [{}, {"num_hidden_layers": 3, "decoder_sparse_step": 2}], ids=["moe", "mixed"])
+def test_hf_files_both_ways(tmp_path: Path, overrides: dict[str, Any]) -> None:
     torch.manual_seed(7)
-    hf = _tiny(norm_topk_prob=True)
+    hf = _tiny(norm_topk_prob=True, **overrides)
     ids = _ids(seed=2)
     with torch.no_grad():
         expected = hf(torch.tensor(ids)).logits.numpy()
@@ -139,8 +144,13 @@ def test_hf_files_both_ways(tmp_path: Path) -> None:
         np.testing.assert_allclose(reloaded(torch.tensor(ids)).logits.numpy(), expected, atol=TOL, rtol=0)
     assert Qwen3MoeConfig.from_hf_config(loaded.config.to_hf_config(VOCAB)) == loaded.config
     state = loaded.to_hf_state_dict()
+    assert set(state) == set(hf.state_dict()) - {k for k in hf.state_dict() if ".mlp.experts." in k} | {
+        k for k in state if ".mlp.experts." in k
+    }
     assert state["model.layers.1.mlp.experts.3.gate_proj.weight"].shape == (24, 32)
-    assert state["model.layers.0.mlp.gate.weight"].shape == (4, 32)
+    assert state["model.layers.1.mlp.gate.weight"].shape == (4, 32)
+    if overrides:
+        assert state["model.layers.2.mlp.gate_proj.weight"].shape == (40, 32)  # a dense block
     del state["model.layers.1.mlp.experts.2.up_proj.weight"]
     with pytest.raises(KeyError, match=r"layers\.1\.mlp\.experts\.2\.up_proj"):
         loaded.from_hf_state_dict(state)
@@ -174,10 +184,12 @@ def test_config_checks_and_flops() -> None:
     }
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         Qwen3MoeConfig(**base, num_experts=2, num_experts_per_tok=3)
-    with pytest.raises(ValueError, match="mlp_only_layers"):
-        Qwen3MoeConfig(**base, mlp_only_layers=(0,))
-    with pytest.raises(ValueError, match="decoder_sparse_step=2"):
-        Qwen3MoeConfig.from_hf_config({**Qwen3MoeConfig(**base).to_hf_config(11), "decoder_sparse_step": 2})
+    with pytest.raises(ValueError, match=r"mlp_only_layers must be in 0\.\.num_layers - 1 \(1\), got \[2\]"):
+        Qwen3MoeConfig(**base, mlp_only_layers=(2,))
+    with pytest.raises(ValueError, match=r"decoder_sparse_step=3, mlp_only_layers=\[\] leave no block with experts"):
+        Qwen3MoeConfig.from_hf_config({**Qwen3MoeConfig(**base).to_hf_config(11), "decoder_sparse_step": 3})
+    with pytest.raises(ValueError, match="decoder_sparse_step must be >= 1"):
+        Qwen3MoeConfig(**base, decoder_sparse_step=0)
     with pytest.raises(ValueError, match="moe_dispatch"):
         Qwen3MoeConfig(**base, moe_dispatch="gather")
     assert config_for_type("qwen3_moe") is Qwen3MoeConfig
@@ -185,4 +197,10 @@ def test_config_checks_and_flops() -> None:
     # per layer: q (16 -> 4x4), k and v (16 -> 2x4), o; scores and values over 8 positions; router; 2 experts
     per_layer = 2 * 16 * 16 + 2 * 2 * 16 * 8 + 2 * 16 * 16 + 4 * 8 * 16 + 2 * 16 * 4 + 2 * 3 * 16 * 8 * 2
     assert cfg.flops_per_token(11) == 2 * per_layer + 2 * 16 * 11
+    # a dense block instead: the SwiGLU of intermediate_dim 32, no router
+    mixed = dataclasses.replace(cfg, mlp_only_layers=(0,))
+    assert mixed.dense_layers() == (True, False)
+    dense_layer = per_layer - 2 * 16 * 4 - 2 * 3 * 16 * 8 * 2 + 2 * 3 * 16 * 32
+    assert mixed.flops_per_token(11) == per_layer + dense_layer + 2 * 16 * 11
+    assert dataclasses.replace(cfg, num_layers=4, decoder_sparse_step=2).dense_layers() == (True, False, True, False)
     assert dataclasses.replace(cfg, norm_topk_prob=True) != cfg

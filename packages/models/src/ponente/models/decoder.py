@@ -18,7 +18,10 @@ self-attention then a feed-forward network, both residual; the family's config c
 - **feed-forward** (``config.init_feed_forward``): a gated :class:`GatedMlp` (SwiGLU or GeGLU; state-dict key
   ``mlp``), a plain two-layer :class:`Mlp` (GPT-2) or a mixture of experts (:class:`~ponente.models.moe.MoeMlp`,
   key ``block_sparse_moe``), whose routing the stack returns for the load-balancing loss (weighted by
-  ``config.router_aux_loss_coef``).
+  ``config.router_aux_loss_coef``). A config with a ``dense_layers()`` method (per layer, whether its block has
+  the dense MLP of ``config.init_dense_feed_forward`` instead) mixes dense and MoE blocks (Qwen3-MoE's
+  ``mlp_only_layers``): each kind is a stack of its own, and the forward pass scans the runs of consecutive blocks of
+  one kind in layer order (:mod:`ponente.models._layer_runs`).
 
 A model class may change the embeddings (:meth:`DecoderLM._embed`: Gemma scales them, GPT-2 adds learned position
 embeddings) or the logits after the output projection (:meth:`DecoderLM._project_out`, as Gemma does). A family
@@ -47,12 +50,21 @@ from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Embedding, LayerNorm, Linear, RmsNorm, Stacked
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
+from ._layer_runs import (
+    DENSE_LAYERS,
+    concat_routing,
+    from_hf_layers,
+    layer_runs,
+    slice_layers,
+    slice_stack,
+    to_hf_layers,
+)
 from ._layer_types import select_by_kind, with_sliding_window
 from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions
 from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
-from .moe import MoeMlp, RouterOutput, expert_load, router_metrics
+from .moe import MoeMlp, RouterOutput, expert_load, router_group_metrics, router_metrics
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
@@ -755,11 +767,42 @@ class DecoderStackParts(Protocol):
 
 
 class DecoderStack(eqx.Module):
-    """Token embedding, stacked decoder blocks and the final norm (Hugging Face ``model``)."""
+    """Token embedding, stacked decoder blocks and the final norm (Hugging Face ``model``).
+
+    Attributes:
+        embed_tokens: the token embedding.
+        layers: the blocks (in a model mixing dense and MoE blocks: the MoE ones, in layer order).
+        norm: the final norm.
+        dense_layers: in a model mixing dense and MoE blocks, the dense ones in layer order; else None.
+    """
 
     embed_tokens: Embedding
     layers: Stacked[DecoderBlock]
     norm: Norm
+    dense_layers: Stacked[DecoderBlock] | None = None
+
+
+class _DenseBlocks:
+    """``config`` as :meth:`DecoderBlock.init` sees it for the dense blocks of a model mixing dense and MoE blocks:
+    its feed-forward is ``config.init_dense_feed_forward``."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+    def init_feed_forward(self, keys: jax.Array) -> GatedMlp | Mlp:
+        """The dense feed-forward network of one block."""
+        return self._config.init_dense_feed_forward(keys)
+
+
+def _dense_pattern(config: Any) -> tuple[bool, ...] | None:
+    """Per layer whether its block is dense, for a config mixing dense and MoE blocks (one with a ``dense_layers()``
+    method saying so for some layer); None otherwise."""
+    method = getattr(config, "dense_layers", None)
+    dense = tuple(bool(d) for d in method()) if method is not None else ()
+    return dense if any(dense) else None
 
 
 def _block_step(
@@ -838,10 +881,25 @@ class DecoderLM(LmHeadModel[Any]):
     def _init_stack(cls, config: DecoderConfig, Vocab: Axis, keys: jax.Array) -> Any:
         """The embeddings, blocks and final norm over the (padded) ``Vocab``, from ``keys[0]`` (token embedding) and
         ``keys[1]`` (blocks); a family with other parts or names overrides it (GPT-2)."""
+        dense = _dense_pattern(config)
+        dense_stack = None
+        if dense is None:
+            layers = init_blocks(config, DecoderBlock, key=keys[1])
+        else:  # each block keeps the key of its layer number
+            layer_keys = jax.random.split(keys[1], config.num_layers)
+            ckpt = config.gradient_checkpointing
+            ids = [i for i, d in enumerate(dense) if not d], [i for i, d in enumerate(dense) if d]
+            layers = Stacked.init(Axis(config.Layers.name, len(ids[0])), DecoderBlock, gradient_checkpointing=ckpt)(
+                config, key=layer_keys[jnp.asarray(ids[0])]
+            )
+            dense_stack = Stacked.init(
+                Axis(config.Layers.name, len(ids[1])), DecoderBlock, gradient_checkpointing=ckpt
+            )(_DenseBlocks(config), key=layer_keys[jnp.asarray(ids[1])])
         return DecoderStack(
             embed_tokens=init_embedding(config, Vocab, key=keys[0]),
-            layers=init_blocks(config, DecoderBlock, key=keys[1]),
+            layers=layers,
             norm=config.init_norm(config.Embed),
+            dense_layers=dense_stack,
         )
 
     @property
@@ -900,10 +958,31 @@ class DecoderLM(LmHeadModel[Any]):
         if cache is not None:
             # the stacked cache is the scan's carry and each layer writes its slots in place (no per-layer copies)
             cache = cache.at_layer(0)
-        (x, cache), routing = self.transformer.layers.scan_via(_block_step, unroll=self.config.layer_unroll)(
-            (x, cache), layer_ids, layer_keys, mask, sliding_mask, sliding, window=window, pos_ids=pos_ids
-        )
-        return self.transformer.norm(x), cache, routing
+        dense_stack = getattr(self.transformer, DENSE_LAYERS, None)
+        if dense_stack is None:
+            (x, cache), routing = self.transformer.layers.scan_via(_block_step, unroll=self.config.layer_unroll)(
+                (x, cache), layer_ids, layer_keys, mask, sliding_mask, sliding, window=window, pos_ids=pos_ids
+            )
+            return self.transformer.norm(x), cache, routing
+        # dense and MoE blocks: scan each run of one kind over its slice of its stack, in layer order
+        routings = []
+        name = self.config.Layers.name
+        for is_dense, first, start, n in layer_runs(_dense_pattern(self.config) or ()):
+            stack = slice_stack(dense_stack if is_dense else self.transformer.layers, start, start + n)
+            keys = None if layer_keys is None else layer_keys[first : first + n]
+            (x, cache), routing = stack.scan_via(_block_step, unroll=self.config.layer_unroll)(
+                (x, cache),
+                slice_layers(layer_ids, name, first, first + n),
+                keys,
+                mask,
+                sliding_mask,
+                slice_layers(sliding, name, first, first + n),
+                window=window,
+                pos_ids=pos_ids,
+            )
+            if routing is not None:
+                routings.append(routing)
+        return self.transformer.norm(x), cache, concat_routing(routings, name) if routings else None
 
     def activations_and_aux(
         self,
@@ -924,14 +1003,18 @@ class DecoderLM(LmHeadModel[Any]):
         Returns:
             ``(hidden states after the final norm, {})``, or for a mixture of experts
             ``{"router_aux_loss": weight * load-balancing loss}`` and the diagnostics of
-            :func:`~ponente.models.moe.router_metrics` over all layers, named ``router/<metric>`` (logged, not added
-            to the loss).
+            :func:`~ponente.models.moe.router_metrics` over all MoE layers, named ``router/<metric>``, and per group of
+            consecutive MoE layers (``config.router_metrics_groups`` groups, when at least two),
+            ``router/group_<g>/<metric>`` (logged, not added to the loss).
         """
         x, _, routing = self._run(input_ids, attn_mask, pos_ids, key=key)
         if routing is None:
             return x, {}
         metrics = router_metrics(routing, self.config.Experts)
         aux = {ROUTER_AUX_LOSS: metrics["load_balancing_loss"] * self.config.router_aux_loss_coef}
+        groups = router_group_metrics(routing, self.config.Experts, getattr(self.config, "router_metrics_groups", 0))
+        if len(groups) > len(metrics):  # one group would repeat the overall metrics
+            metrics.update(groups)
         aux.update({f"router/{name}": jax.lax.stop_gradient(value) for name, value in metrics.items()})
         moe = self.transformer.layers.stacked.block_sparse_moe
         if moe is not None and moe.balance_bias is not None:
@@ -982,6 +1065,19 @@ class DecoderLM(LmHeadModel[Any]):
     ) -> RouterOutput | None:
         """The routing decision of every layer (arrays with a leading ``layers`` axis), or None without experts."""
         return self._run(input_ids, attn_mask, pos_ids)[2]
+
+    def to_hf_state_dict(self) -> dict[str, Any]:
+        """The parameters under their Hugging Face names (see :meth:`LmHeadModel.to_hf_state_dict`); in a model mixing
+        dense and MoE blocks, both stacks' blocks numbered as Hugging Face does, ``model.layers.L`` in layer order."""
+        state = super().to_hf_state_dict()
+        dense = _dense_pattern(self.config)
+        return state if dense is None else to_hf_layers(state, dense)
+
+    def from_hf_state_dict(self, state_dict: Any) -> Self:
+        """A copy of this (template) model with parameters read from a Hugging Face state dict (see
+        :meth:`LmHeadModel.from_hf_state_dict`; ``model.layers.L`` goes to the stack of its block's kind)."""
+        dense = _dense_pattern(self.config)
+        return super().from_hf_state_dict(state_dict if dense is None else from_hf_layers(state_dict, dense))
 
     def get_lm_head(self) -> NamedArray:
         """The output projection (``embed``, ``vocab``): ``lm_head``'s, or the token embedding if tied.

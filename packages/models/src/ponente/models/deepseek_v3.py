@@ -16,13 +16,13 @@ import numpy as np
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
-from ponente.namedtensor.nn import Embedding, Linear, RmsNorm, Stacked
+from ponente.namedtensor.nn import Linear, RmsNorm
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
 from .attention import AttentionMask
-from .attention.kv_cache import CACHE_POSITION, KvCache, take_positions
+from .attention.kv_cache import CACHE_POSITION, KvCache
 from .config import lm_flops_per_token, padded_vocab_size, register_config
-from .decoder import DecoderBlock, DecoderStack, GatedMlp, _block_step
+from .decoder import DecoderStack, GatedMlp
 from .llama import LlamaConfig, LlamaLMHeadModel
 from .moe import TOP_K, MoeMlp, RouterOutput, check_moe_fields
 from .remat import tag
@@ -191,6 +191,11 @@ class DeepseekV3Config(LlamaConfig):
     def init_dense_feed_forward(self, keys: jax.Array) -> GatedMlp:
         """The SwiGLU MLP of the first ``first_k_dense_replace`` blocks."""
         return GatedMlp.init(self.Embed, self.Mlp, keys)
+
+    def dense_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether its block has the dense MLP (:meth:`init_dense_feed_forward`): the first
+        ``first_k_dense_replace``."""
+        return tuple(i < self.first_k_dense_replace for i in range(self.num_layers))
 
     def flops_per_token(self, vocab_size: int) -> float:
         """Forward FLOPs per token of the sparse model: MLA's projections and attention, ``k`` routed experts, the
@@ -589,31 +594,8 @@ class SharedExpertsMoe(MoeMlp):
         return out, routing
 
 
-class _DenseBlocks:
-    """``config`` seen by :meth:`DecoderBlock.init` for the dense first blocks (its feed-forward is the dense MLP)."""
-
-    def __init__(self, config: DeepseekV3Config) -> None:
-        self._config = config
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._config, name)
-
-    def init_feed_forward(self, keys: jax.Array) -> GatedMlp:
-        return self._config.init_dense_feed_forward(keys)
-
-
-class DeepseekV3Stack(DecoderStack):
-    """:class:`~ponente.models.decoder.DecoderStack` with the dense first blocks as a stack of their own.
-
-    Attributes:
-        dense_layers: the first ``first_k_dense_replace`` blocks (dense MLP), or None; ``layers`` holds the others.
-    """
-
-    dense_layers: Stacked[DecoderBlock] | None = None
-
-
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
-_OURS_LAYER = re.compile(r"^model\.(dense_layers|layers)\.(\d+)\.(.*)$")
+_OURS_EXPERTS = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(w[123])$")
 _HF_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _PER_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)$")
@@ -621,8 +603,8 @@ _FUSED = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)$")
 
 class DeepseekV3LMHeadModel(LlamaLMHeadModel):
     """DeepSeek-V3: the shared decoder's blocks with :class:`LatentAttention`; the first ``first_k_dense_replace``
-    blocks with a dense SwiGLU, the others with :class:`SharedExpertsMoe`, run as two scanned stacks one after the
-    other (the dense one first), both reading and writing one KV cache stacked over every layer.
+    blocks with a dense SwiGLU, the others with :class:`SharedExpertsMoe`: the shared decoder's two stacks
+    (``config.dense_layers()``), run one after the other, both reading and writing one KV cache over every layer.
 
     Hugging Face names: ``model.layers.L.{input_layernorm, post_attention_layernorm}``, ``self_attn.{q_proj |
     q_a_proj, q_a_layernorm, q_b_proj}``, ``self_attn.{kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}``;
@@ -632,64 +614,7 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
     load-balancing loss (DeepSeek-V3 balances with the correction bias).
     """
 
-    transformer: DeepseekV3Stack
-
-    @classmethod
-    def init(cls, config: Any, Vocab: Axis, *, key: jax.Array) -> Self:
-        """Create a randomly initialized model (see :meth:`~ponente.models.decoder.DecoderLM.init`)."""
-        k_emb, k_dense, k_layers, k_head = jax.random.split(key, 4)
-        PaddedVocab = config.padded_vocab(Vocab)
-        k = config.first_k_dense_replace
-        ckpt = config.gradient_checkpointing
-        dense = None
-        if k:
-            dense = Stacked.init(Axis("layers", k), DecoderBlock, gradient_checkpointing=ckpt)(
-                _DenseBlocks(config), key=jax.random.split(k_dense, k)
-            )
-        n = config.num_layers - k
-        layers = Stacked.init(Axis("layers", n), DecoderBlock, gradient_checkpointing=ckpt)(
-            config, key=jax.random.split(k_layers, n)
-        )
-        transformer = DeepseekV3Stack(
-            embed_tokens=Embedding.init(
-                PaddedVocab, config.Embed, key=k_emb, initializer_range=config.initializer_range
-            ),
-            layers=layers,
-            norm=config.init_norm(config.Embed),
-            dense_layers=dense,
-        )
-        lm_head = (
-            None if config.tie_word_embeddings else Linear.init(config.Embed, PaddedVocab, key=k_head, use_bias=False)
-        )
-        return cls(transformer=transformer, lm_head=lm_head, config=config, vocab_size=Vocab.size)
-
-    def _run(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None,
-        pos_ids: NamedArray | None,
-        cache: KvCache | None = None,
-        *,
-        key: jax.Array | None = None,
-    ) -> tuple[NamedArray, KvCache | None, RouterOutput | None]:
-        del key  # no dropout
-        mask = AttentionMask.causal() if attn_mask is None else attn_mask
-        x = self._embed(input_ids, pos_ids)
-        if cache is not None:
-            cache = cache.at_layer(0)
-        routing = None
-        first = 0
-        for stack in (self.transformer.dense_layers, self.transformer.layers):
-            if stack is None:
-                continue
-            n = stack.Block.size
-            # absolute layer numbers: each block's slot in the one cache that covers both stacks
-            layer_ids = hax.named(jnp.arange(first, first + n, dtype=jnp.int32), stack.Block.name)
-            (x, cache), routing = stack.scan_via(_block_step, unroll=self.config.layer_unroll)(
-                (x, cache), layer_ids, None, mask, mask, False, window=None, pos_ids=pos_ids
-            )
-            first += n
-        return self.transformer.norm(x), cache, routing
+    transformer: DecoderStack
 
     def activations_and_aux(
         self,
@@ -719,43 +644,21 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
         rope = hax.zeros((*lead, Axis("rope_head_size", config.qk_rope_head_dim)), dtype=dtype)
         return KvCache(latent, rope)
 
-    def decode(
-        self,
-        tokens: NamedArray,
-        cache: KvCache,
-        pos_ids: NamedArray,
-        *,
-        key: jax.Array | None = None,
-        logits_at: NamedArray | None = None,
-    ) -> tuple[NamedArray, KvCache]:
-        """Logits of ``tokens`` over the cached earlier tokens, and the updated cache (see :class:`LmHeadModel`)."""
-        del key
-        pos_ids = hax.broadcast_to(pos_ids, tokens.axes)
-        x, cache_out, _ = self._run(tokens, None, pos_ids, cache)
-        cache = cache if cache_out is None else cache_out.at_layer(None).for_prefill(False)
-        return self._logits(take_positions(x, logits_at)), cache
-
     def to_hf_state_dict(self) -> dict[str, np.ndarray]:
         """The parameters under their Hugging Face names (see the class docstring), experts one by one.
 
         Returns:
             The state dict that ``transformers`` loads from a checkpoint file.
         """
-        k = self.config.first_k_dense_replace
         names = {v: n for n, v in _HF_PROJ.items()}
         out: dict[str, np.ndarray] = {}
         for key, value in super().to_hf_state_dict().items():
-            m = _OURS_LAYER.match(key)
-            if m is None:
-                out[key] = value
-                continue
-            layer = int(m[2]) + (k if m[1] == "layers" else 0)
-            rest = m[3].replace("block_sparse_moe.", "mlp.")
-            if (e := re.match(r"^mlp\.experts\.(w[123])$", rest)) is not None:
+            key = key.replace(".block_sparse_moe.", ".mlp.")
+            if (e := _OURS_EXPERTS.match(key)) is not None:
                 for i in range(value.shape[0]):
-                    out[f"model.layers.{layer}.mlp.experts.{i}.{names[e[1]]}.weight"] = value[i]
+                    out[f"{e[1]}.mlp.experts.{i}.{names[e[2]]}.weight"] = value[i]
             else:
-                out[f"model.layers.{layer}.{rest}"] = value
+                out[key] = value
         return out
 
     def from_hf_state_dict(self, state_dict: Mapping[str, Any]) -> Self:
@@ -771,37 +674,30 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
         per_expert: dict[str, dict[int, Any]] = {}
         for key, value in state_dict.items():
             m = _HF_LAYER.match(key)
-            if m is None:
-                out[key] = value
+            if m is not None and int(m[1]) >= n:
                 continue
-            layer, rest = int(m[1]), m[2]
-            if layer >= n:
+            if m is None or int(m[1]) < k or not m[2].startswith("mlp."):
+                out[key] = value  # the decoder sends model.layers.L to the stack of its kind
                 continue
-            prefix = f"model.dense_layers.{layer}" if layer < k else f"model.layers.{layer - k}"
-            if layer >= k and rest.startswith("mlp."):
-                moe = f"{prefix}.block_sparse_moe"
-                if e := _PER_EXPERT.match(rest):
-                    per_expert.setdefault(f"{moe}.experts.{_HF_PROJ[e[2]]}", {})[int(e[1])] = value
-                elif f := _FUSED.match(rest):
-                    array = np.asarray(value)
-                    if f[1] == "down_proj":
-                        out[f"{moe}.experts.w2"] = array
-                    else:
-                        half = array.shape[1] // 2
-                        out[f"{moe}.experts.w1"], out[f"{moe}.experts.w3"] = array[:, :half], array[:, half:]
+            moe, rest = f"model.layers.{m[1]}.block_sparse_moe", m[2]
+            if e := _PER_EXPERT.match(rest):
+                per_expert.setdefault(f"{moe}.experts.{_HF_PROJ[e[2]]}", {})[int(e[1])] = value
+            elif f := _FUSED.match(rest):
+                array = np.asarray(value)
+                if f[1] == "down_proj":
+                    out[f"{moe}.experts.w2"] = array
                 else:
-                    out[f"{moe}.{rest[len('mlp.') :]}"] = value
+                    half = array.shape[1] // 2
+                    out[f"{moe}.experts.w1"], out[f"{moe}.experts.w3"] = array[:, :half], array[:, half:]
             else:
-                out[f"{prefix}.{rest}"] = value
+                out[f"{moe}.{rest[len('mlp.') :]}"] = value
         names = {v: n for n, v in _HF_PROJ.items()}
         for key, experts in per_expert.items():
             missing = [e for e in range(self.config.num_experts) if e not in experts]
             if missing:
-                ours, proj = key.split(".block_sparse_moe.experts.")
-                layer = int(ours.rsplit(".", 1)[1]) + k
+                layer, proj = key.split(".block_sparse_moe.experts.")
                 raise KeyError(
-                    f"DeepSeek-V3 state dict: model.layers.{layer}.mlp.experts.{missing[0]}.{names[proj]}.weight is "
-                    "missing"
+                    f"DeepSeek-V3 state dict: {layer}.mlp.experts.{missing[0]}.{names[proj]}.weight is missing"
                 )
             out[key] = np.stack([np.asarray(experts[e]) for e in range(len(experts))])
         return super().from_hf_state_dict(out)

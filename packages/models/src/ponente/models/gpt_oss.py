@@ -90,6 +90,12 @@ class GptOssConfig(LlamaConfig):
             :class:`~ponente.models.moe.MoeMlp`).
         moe_capacity_factor: ``"expert_parallel"`` only: None (dropless) or the per-destination buffer size relative
             to an even split (see the Mixtral page).
+        router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer gets a router bias, added
+            to the router logits for the top-k choice only (the weights stay the softmax of the chosen logits), that
+            the trainer moves by ``rate * sign(mean load - load)`` after every step (0: off, no bias).
+        router_metrics_groups: the MoE layers, in order, split into this many groups of consecutive layers (fewer
+            when there are fewer layers; see :func:`~ponente.models.moe.layer_groups`) whose router metrics are logged
+            per group (``router/group_<g>/<metric>``) besides the overall ones; 0: none.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -122,13 +128,23 @@ class GptOssConfig(LlamaConfig):
     router_aux_loss_coef: float = 0.001
     moe_dispatch: str = "auto"
     moe_capacity_factor: float | None = None
+    router_bias_update_rate: float = 0.0
+    router_metrics_groups: int = 4
 
     feed_forward_keys: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch, self.moe_capacity_factor)
+        check_moe_fields(
+            name,
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.moe_dispatch,
+            self.moe_capacity_factor,
+            self.router_bias_update_rate,
+            self.router_metrics_groups,
+        )
         check_sinks_backend(self.attn_backend, f"{name}: attn_backend")
         if self.qk_norm:
             raise ValueError(f"{name}: qk_norm=True is not supported (Hugging Face gpt-oss has no QK-norm)")
@@ -194,6 +210,7 @@ class GptOssConfig(LlamaConfig):
             bias=True,
             activation=ClampedSwiGlu(alpha=self.swiglu_alpha, limit=self.swiglu_limit),
             softmax_after_top_k=True,
+            balance_bias=self.router_bias_update_rate > 0,
         )
 
     def flops_per_token(self, vocab_size: int) -> float:

@@ -43,6 +43,9 @@ class MixtralConfig(LlamaConfig):
         router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer gets a router bias, added
             to the scores for the top-k choice only, that the trainer moves by ``rate * sign(mean load - load)`` after
             every step (0: off, no bias).
+        router_metrics_groups: the MoE layers, in order, split into this many groups of consecutive layers (fewer
+            when there are fewer layers; see :func:`~ponente.models.moe.layer_groups`) whose router metrics are logged
+            per group (``router/group_<g>/<metric>``) besides the overall ones; 0: none.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -68,6 +71,7 @@ class MixtralConfig(LlamaConfig):
     moe_dispatch: str = "auto"
     moe_capacity_factor: float | None = None
     router_bias_update_rate: float = 0.0
+    router_metrics_groups: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,6 +82,7 @@ class MixtralConfig(LlamaConfig):
             self.moe_dispatch,
             self.moe_capacity_factor,
             self.router_bias_update_rate,
+            self.router_metrics_groups,
         )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"MixtralConfig: sliding_window must be positive or None, got {self.sliding_window}")

@@ -9,6 +9,7 @@ holding its experts by all-to-all (:mod:`ponente.models._expert_parallel`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import equinox as eqx
@@ -32,9 +33,11 @@ __all__ = [
     "balance_bias_frozen",
     "check_moe_fields",
     "expert_load",
+    "layer_groups",
     "load_balancing_loss",
     "route_top_k",
     "route_top_k_softmax",
+    "router_group_metrics",
     "router_metrics",
     "sparse_flops_per_token",
     "update_balance_bias",
@@ -113,16 +116,23 @@ def route_top_k(
     return RouterOutput(probs=probs, weights=weights, indices=indices, logsumexp=hax.nn.logsumexp(logits, Experts))
 
 
-def route_top_k_softmax(router_logits: NamedArray, Experts: Axis, k: int) -> RouterOutput:
+def route_top_k_softmax(
+    router_logits: NamedArray, Experts: Axis, k: int, *, bias: NamedArray | None = None
+) -> RouterOutput:
     """Top-k routing as gpt-oss does it: keep the ``k`` highest logits, and softmax over those ``k`` alone.
 
     The weights are the softmax of the chosen logits (summing to 1); ``probs`` is the softmax over every expert, as
     the load-balancing loss reads it (transformers' ``load_balancing_loss_func``). Computed in float32.
 
+    With ``bias`` (DeepSeek-V3's auxiliary-loss-free balancing), the ``k`` experts are those with the highest
+    ``logits + bias``, while their weights are still the softmax of their (unbiased) logits: the bias steers the
+    choice only.
+
     Args:
         router_logits: ``(..., Experts)`` router logits.
         Experts: the experts axis.
         k: experts per token (``num_experts_per_tok``), between 1 and ``Experts.size``.
+        bias: ``(Experts,)`` added to the logits for the choice only (None: no bias).
 
     Returns:
         The probabilities, the chosen experts and their combination weights (axis ``top_k`` of size ``k``).
@@ -142,7 +152,11 @@ def route_top_k_softmax(router_logits: NamedArray, Experts: Axis, k: int) -> Rou
             f"route_top_k_softmax: k must be in 1..{Experts.size} (the size of axis {Experts.name!r}), got {k}"
         )
     logits = router_logits.astype(jnp.float32)
-    top, indices = hax.top_k(logits, Experts, k, new_axis=TOP_K)
+    if bias is None:
+        top, indices = hax.top_k(logits, Experts, k, new_axis=TOP_K)
+    else:
+        _, indices = hax.top_k(logits + jax.lax.stop_gradient(bias.astype(jnp.float32)), Experts, k, new_axis=TOP_K)
+        top = hax.sum(hax.nn.one_hot(indices, Experts, dtype=jnp.float32) * logits, Experts)
     return RouterOutput(
         probs=hax.nn.softmax(logits, Experts),
         weights=hax.nn.softmax(top, TOP_K),
@@ -241,6 +255,52 @@ def router_metrics(routing: RouterOutput, Experts: Axis) -> dict[str, NamedArray
     }
 
 
+def layer_groups(num_layers: int, groups: int) -> list[tuple[int, int]]:
+    """``min(groups, num_layers)`` runs of consecutive layers ``[start, stop)`` covering ``0 .. num_layers - 1``, as
+    even as possible (the first ones one longer when ``num_layers`` does not divide); ``[]`` when ``groups`` is 0.
+
+    Example:
+        >>> layer_groups(5, 2), layer_groups(2, 4)
+        ([(0, 3), (3, 5)], [(0, 1), (1, 2)])
+    """
+    n = min(groups, num_layers)
+    if n <= 0:
+        return []
+    size, extra = divmod(num_layers, n)
+    bounds = [0]
+    for g in range(n):
+        bounds.append(bounds[-1] + size + (1 if g < extra else 0))
+    return list(itertools.pairwise(bounds))
+
+
+def router_group_metrics(routing: RouterOutput, Experts: Axis, groups: int) -> dict[str, NamedArray]:
+    """:func:`router_metrics` per group of consecutive MoE layers of a stacked routing (axis ``layers``).
+
+    The layers split into ``min(groups, layers)`` groups by :func:`layer_groups`; each group's metrics are those of
+    its layers alone (its own load-balancing loss, z-loss, worst expert load and dropped fraction).
+
+    Args:
+        routing: the routing of a stack of MoE layers (every array has the ``layers`` axis first or anywhere).
+        Experts: the experts axis.
+        groups: the number of groups asked for (0: none).
+
+    Returns:
+        ``{"group_<g>/<metric>": scalar}``; empty when ``groups`` is 0 or the routing has no ``layers`` axis.
+    """
+    Layers = routing.indices.resolve_axis("layers") if "layers" in routing.indices.axis_names else None
+    if Layers is None:
+        return {}
+    out: dict[str, NamedArray] = {}
+    for g, (start, stop) in enumerate(layer_groups(Layers.size, groups)):
+        part = jax.tree_util.tree_map(
+            lambda a, lo=start, hi=stop: a[{"layers": slice(lo, hi)}],
+            routing,
+            is_leaf=lambda a: isinstance(a, NamedArray),
+        )
+        out.update({f"group_{g}/{name}": value for name, value in router_metrics(part, Experts).items()})
+    return out
+
+
 class MoeMlp(ModuleWithStateDictSerialization):
     """A sparse mixture of SwiGLU experts with top-k routing (Mixtral's ``block_sparse_moe``).
 
@@ -282,7 +342,8 @@ class MoeMlp(ModuleWithStateDictSerialization):
             instead of :func:`route_top_k` (static).
         capacity_factor: ``"expert_parallel"`` only: None (dropless) or the per-destination buffer size relative to
             an even split (static).
-        balance_bias: ``(experts,)`` bias added to the router probabilities for the top-k choice only (DeepSeek-V3's
+        balance_bias: ``(experts,)`` bias added to the router probabilities (to the logits with
+            ``softmax_after_top_k``) for the top-k choice only (DeepSeek-V3's
             auxiliary-loss-free balancing; not trained by gradient: the trainer updates it after each step), or None.
     """
 
@@ -383,7 +444,7 @@ class MoeMlp(ModuleWithStateDictSerialization):
     def route(self, x: NamedArray) -> RouterOutput:
         """The routing decision for ``x`` ``(..., embed)`` (see :func:`route_top_k`, :func:`route_top_k_softmax`)."""
         if self.softmax_after_top_k:
-            return route_top_k_softmax(self.router(x), self.Experts, self.num_experts_per_tok)
+            return route_top_k_softmax(self.router(x), self.Experts, self.num_experts_per_tok, bias=self.balance_bias)
         return route_top_k(
             self.router(x),
             self.Experts,
@@ -529,10 +590,11 @@ def check_moe_fields(
     dispatch: str,
     capacity_factor: float | None = None,
     router_bias_update_rate: float = 0.0,
+    router_metrics_groups: int = 0,
 ) -> None:
     """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts``, an
-    unknown ``moe_dispatch``, a ``moe_capacity_factor`` that is not positive or a negative
-    ``router_bias_update_rate``."""
+    unknown ``moe_dispatch``, a ``moe_capacity_factor`` that is not positive, a negative
+    ``router_bias_update_rate`` or a negative ``router_metrics_groups``."""
     if not 1 <= num_experts_per_tok <= num_experts:
         raise ValueError(
             f"{name}: num_experts_per_tok must be in 1..num_experts ({num_experts}), got {num_experts_per_tok}"
@@ -543,6 +605,10 @@ def check_moe_fields(
         raise ValueError(f"{name}: moe_capacity_factor must be positive or None (dropless), got {capacity_factor}")
     if not router_bias_update_rate >= 0:
         raise ValueError(f"{name}: router_bias_update_rate must be >= 0 (0: off), got {router_bias_update_rate}")
+    if router_metrics_groups < 0:
+        raise ValueError(
+            f"{name}: router_metrics_groups must be >= 0 (0: no per-group metrics), got {router_metrics_groups}"
+        )
 
 
 def sparse_flops_per_token(config: Any, vocab_size: int, expert_dim: int) -> float:

@@ -1,4 +1,5 @@
-"""Qwen3-MoE: Qwen3's attention (QK-norm) with a sparse mixture of experts as the feed-forward of every block."""
+"""Qwen3-MoE: Qwen3's attention (QK-norm) with a sparse mixture of experts as the feed-forward of its blocks (every
+block, or those that ``decoder_sparse_step`` and ``mlp_only_layers`` leave sparse; the others have a dense MLP)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class Qwen3MoeConfig(Qwen3Config):
     mixture of experts.
 
     Every :class:`~ponente.models.Qwen3Config` field applies (QK-norm, ``head_dim``, attention biases).
-    ``intermediate_dim`` is the size of a dense MLP, which Hugging Face keeps in the config; the experts have
+    ``intermediate_dim`` is the size of the dense MLP of the blocks without experts (if any); the experts have
     ``moe_intermediate_dim``. Routing is Qwen3-MoE's: softmax over the experts (float32), the ``k`` best kept, their
     weights renormalized to sum to 1 only with ``norm_topk_prob``.
 
@@ -38,9 +39,10 @@ class Qwen3MoeConfig(Qwen3Config):
         norm_topk_prob: renormalize the ``k`` chosen probabilities (transformers' default is false; the
             released Qwen3-MoE checkpoints set it true).
         router_aux_loss_coef: the weight of the load-balancing loss added to the training objective.
-        decoder_sparse_step: a block is sparse when ``(layer + 1) % decoder_sparse_step == 0`` (only 1, every block,
-            is supported: the layers are one scanned stack).
-        mlp_only_layers: blocks with a dense MLP instead (only ``()`` is supported, as in every released checkpoint).
+        decoder_sparse_step: a block is sparse (has experts) when ``(layer + 1) % decoder_sparse_step == 0`` and it is
+            not in ``mlp_only_layers``; the others have a dense SwiGLU MLP of ``intermediate_dim`` (1: every block, as
+            in every released checkpoint).
+        mlp_only_layers: blocks (0-based) with a dense MLP whatever ``decoder_sparse_step`` says.
         moe_dispatch: how tokens reach their experts (see :class:`~ponente.models.moe.MoeMlp`): ``"auto"`` (default:
             ``"expert_parallel"`` when the ``experts`` axis is split over a mesh axis, e.g. ``trainer.expert_axis_size:
             4``, else ``"dense"``), ``"dense"`` (named ops, ``num_experts / k`` times the expert FLOPs), ``"sorted"``
@@ -52,6 +54,9 @@ class Qwen3MoeConfig(Qwen3Config):
         router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer gets a router bias, added
             to the scores for the top-k choice only, that the trainer moves by ``rate * sign(mean load - load)`` after
             every step (0: off, no bias).
+        router_metrics_groups: the MoE layers, in order, split into this many groups of consecutive layers (fewer
+            when there are fewer layers; see :func:`~ponente.models.moe.layer_groups`) whose router metrics are logged
+            per group (``router/group_<g>/<metric>``) besides the overall ones; 0: none.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -82,6 +87,7 @@ class Qwen3MoeConfig(Qwen3Config):
     moe_dispatch: str = "auto"
     moe_capacity_factor: float | None = None
     router_bias_update_rate: float = 0.0
+    router_metrics_groups: int = 4
 
     feed_forward_keys: ClassVar[int] = 1
 
@@ -95,21 +101,33 @@ class Qwen3MoeConfig(Qwen3Config):
             self.moe_dispatch,
             self.moe_capacity_factor,
             self.router_bias_update_rate,
+            self.router_metrics_groups,
         )
         if self.moe_intermediate_dim < 1:
             raise ValueError(f"{name}: moe_intermediate_dim must be positive, got {self.moe_intermediate_dim}")
-        if self.decoder_sparse_step != 1 or self.mlp_only_layers:
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"{name}: decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+        bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+        if bad:
             raise ValueError(
-                f"{name}: decoder_sparse_step={self.decoder_sparse_step}, "
-                f"mlp_only_layers={list(self.mlp_only_layers)}: dense blocks between the sparse ones are not "
-                "supported (the blocks are one scanned stack); every released Qwen3-MoE has decoder_sparse_step 1 "
-                "and no mlp_only_layers"
+                f"{name}: mlp_only_layers must be in 0..num_layers - 1 ({self.num_layers - 1}), got {bad}"
+            )
+        if all(self.dense_layers()):
+            raise ValueError(
+                f"{name}: decoder_sparse_step={self.decoder_sparse_step}, mlp_only_layers="
+                f"{list(self.mlp_only_layers)} leave no block with experts (use a qwen3 config for a dense model)"
             )
 
     @property
     def Experts(self) -> Axis:
         """The experts axis ``experts`` (map it to a mesh axis for expert parallelism)."""
         return Axis("experts", self.num_experts)
+
+    def dense_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether its block has a dense MLP (:meth:`init_dense_feed_forward`) instead of experts, as
+        transformers' ``Qwen3MoeDecoderLayer`` decides it (``mlp_only_layers``, ``decoder_sparse_step``)."""
+        step, only = self.decoder_sparse_step, set(self.mlp_only_layers)
+        return tuple(i in only or (i + 1) % step != 0 for i in range(self.num_layers))
 
     def build(self, Vocab: Axis, *, key: jax.Array) -> Qwen3MoeLMHeadModel:
         """Build a randomly initialized Qwen3-MoE (see :meth:`LmConfig.build`)."""
@@ -129,10 +147,20 @@ class Qwen3MoeConfig(Qwen3Config):
             balance_bias=self.router_bias_update_rate > 0,
         )
 
+    def init_dense_feed_forward(self, keys: jax.Array) -> GatedMlp:
+        """The dense SwiGLU MLP (``intermediate_dim``) of a block without experts (Hugging Face ``mlp.gate_proj``,
+        ...)."""
+        return GatedMlp.init(self.Embed, self.Mlp, jax.random.split(keys[0], 3))
+
     def flops_per_token(self, vocab_size: int) -> float:
-        """Forward FLOPs per token of the sparse model (``k`` active experts, plus the router; see
-        :func:`~ponente.models.moe.sparse_flops_per_token`)."""
-        return sparse_flops_per_token(self, vocab_size, self.moe_intermediate_dim)
+        """Forward FLOPs per token of the sparse model (``k`` active experts, plus the router, in MoE blocks; see
+        :func:`~ponente.models.moe.sparse_flops_per_token`; the dense MLP in the others)."""
+        dense = sum(self.dense_layers())
+        d = self.hidden_dim
+        moe = 6.0 * d * self.moe_intermediate_dim * self.num_experts_per_tok + 2.0 * d * self.num_experts
+        return sparse_flops_per_token(self, vocab_size, self.moe_intermediate_dim) + dense * (
+            6.0 * d * self.intermediate_dim - moe
+        )
 
     def to_hf_config(self, vocab_size: int) -> dict[str, Any]:
         """The Hugging Face ``Qwen3MoeConfig`` dict, transformers-5 spelling (see :meth:`LmConfig.to_hf_config`).
@@ -166,7 +194,7 @@ class Qwen3MoeConfig(Qwen3Config):
 
         Raises:
             KeyError: if a required key is missing.
-            ValueError: for unsupported options (dense ``mlp_only_layers``, a ``decoder_sparse_step`` above 1).
+            ValueError: for invalid options (see the class).
         """
         window = hf_config.get("sliding_window", 4096) if hf_config.get("use_sliding_window") else None
         plain = {k: v for k, v in hf_config.items() if k not in ("use_sliding_window", "layer_types")}
