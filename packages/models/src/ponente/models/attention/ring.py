@@ -1,14 +1,21 @@
-"""Ring attention: context parallelism that passes key/value blocks around the devices of the context axis.
+"""Attention under context parallelism: each device of the context axis computes its own query rows.
 
 The ``position`` axis of query, key and value is split over a mesh axis (the one the current axis mapping names for
-``position``, e.g. ``context``). Inside ``shard_map`` each of the ``n`` devices keeps its query rows and, ``n`` times,
-attends to the key/value block it holds, merges the result into its running output with the online softmax (running
-maximum, denominator and weighted sum, as in flash attention), and hands the block to the next device
-(``ppermute``). No device ever holds more than one block of keys and values, and the mask is built per block from
-the original token indices (:attr:`~ponente.models.AttentionMask.token_index`, so the zig-zag order is exact) and the
-segment ids that travel with the block: causal, sliding windows and packed documents are exact; soft caps too.
+``position``, e.g. ``context``). Inside ``shard_map`` each of the ``n`` devices keeps its query rows and sees the keys
+and values of the others in one of two ways (``model.attention_context_parallel``):
 
-Without a mesh, or with ``position`` not split, the same online-softmax loop runs on one block (one device).
+* ``"allgather"``: keys, values, their token indices and segment ids are gathered over the axis, and the device
+  attends to all of them at once.
+* ``"ring"``: ``n`` times, the device attends to the key/value block it holds, merges the result into its running
+  output with the online softmax (as flash attention does), and hands the block to the next device (``ppermute``);
+  no device ever holds more than one block.
+
+The attention to the keys at hand is blockwise (the :mod:`.flash` kernel with token indices; ring steps merge by the
+kernel's log-sum-exp) or computed from materialized scores (the ``reference`` backend). The mask is built from the
+original token indices (:attr:`~ponente.models.AttentionMask.token_index`, so the zig-zag order is exact) and the
+segment ids that travel with the keys: causal, sliding windows and packed documents are exact; soft caps too.
+
+Without a mesh, or with ``position`` not split, the same code runs on one block (one device).
 """
 
 from __future__ import annotations
