@@ -35,40 +35,21 @@ import ponente.namedtensor as hax
 from ponente.namedtensor import NamedArray
 from ponente.namedtensor.partitioning import (
     axis_mapping,
-    current_mesh,
     current_thread_local_mapping,
     physical_axis_name,
     pspec_for_axis,
 )
 
+from ._mesh_axis import current_or_abstract_mesh, split_axis
 from .remat import tag
 
 __all__ = ["expert_axis", "expert_parallel_dispatch", "token_mapping"]
 
 
-def _mesh() -> Any:
-    """The concrete mesh in effect, else the abstract one (inside ``jax.jit``), else None."""
-    mesh = current_mesh()
-    if mesh is not None:
-        return mesh
-    abstract = jax.sharding.get_abstract_mesh()
-    return None if abstract.empty else abstract
-
-
 def expert_axis() -> tuple[str | None, int]:
     """The mesh axis the ``experts`` logical axis maps to under the current mapping and mesh, and its size
     (``(None, 1)`` when there is no mesh or ``experts`` is not split)."""
-    mesh = _mesh()
-    physical = physical_axis_name("experts")
-    if mesh is None or physical is None:
-        return None, 1
-    if not isinstance(physical, str):
-        if len(physical) != 1:
-            raise ValueError(f"moe_dispatch 'expert_parallel': 'experts' must map to one mesh axis, got {physical}")
-        physical = physical[0]
-    if physical not in mesh.shape:
-        return None, 1
-    return physical, int(mesh.shape[physical])
+    return split_axis("experts", "moe_dispatch 'expert_parallel'")
 
 
 @contextlib.contextmanager
@@ -248,7 +229,7 @@ def expert_parallel_dispatch(
             b2=biases[2],
         )
     else:
-        mesh = _mesh()
+        mesh = current_or_abstract_mesh()
         token_spec = pspec_for_axis(token_axes)
         mlp_axis = physical_axis_name("mlp")
         mlp_axes = () if mlp_axis is None else ((mlp_axis,) if isinstance(mlp_axis, str) else tuple(mlp_axis))

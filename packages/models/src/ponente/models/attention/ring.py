@@ -30,8 +30,9 @@ from jax.sharding import PartitionSpec
 
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
-from ponente.namedtensor.partitioning import current_mesh, physical_axis_name, pspec_for_axis
+from ponente.namedtensor.partitioning import pspec_for_axis
 
+from .._mesh_axis import current_or_abstract_mesh, split_axis
 from ._mask import AttentionMask
 from .flash import UNSEEN_LSE, _flash_arrays
 
@@ -44,14 +45,6 @@ ATTENTION_CONTEXT_PARALLEL = ("allgather", "ring")
 _NEG = -1e30  # a finite "minus infinity": a block with no visible key adds nothing once a visible one is merged
 
 
-def _mesh() -> Any:
-    mesh = current_mesh()
-    if mesh is not None:
-        return mesh
-    abstract = jax.sharding.get_abstract_mesh()
-    return None if abstract.empty else abstract
-
-
 def context_axis(Pos: Axis) -> tuple[str | None, int]:
     """The mesh axis ``Pos`` is split over under the current mapping and mesh, and its size (``(None, 1)`` when
     there is no mesh or ``Pos`` is not split).
@@ -59,17 +52,7 @@ def context_axis(Pos: Axis) -> tuple[str | None, int]:
     Raises:
         ValueError: if ``Pos`` maps to several mesh axes.
     """
-    mesh = _mesh()
-    physical = physical_axis_name(Pos.name)
-    if mesh is None or physical is None:
-        return None, 1
-    if not isinstance(physical, str):
-        if len(physical) != 1:
-            raise ValueError(f"ring attention: {Pos.name!r} must map to one mesh axis, got {physical}")
-        physical = physical[0]
-    if physical not in mesh.shape:
-        return None, 1
-    return physical, int(mesh.shape[physical])
+    return split_axis(Pos.name, "context-parallel attention")
 
 
 def _ring_local(
@@ -365,7 +348,7 @@ def context_parallel_attention(
 
         out = jax.shard_map(
             body,
-            mesh=_mesh(),
+            mesh=current_or_abstract_mesh(),
             in_specs=(q_spec, k_spec, k_spec, idx_spec, *((seg_spec,) if present else ())),
             out_specs=q_spec,
             check_vma=False,
