@@ -397,6 +397,11 @@ class Engine:
         if self._batch is not None:
             self._batch.step()
 
+    def abort(self) -> None:
+        """Drop every request of the continuous batch (running or waiting), without calling their callbacks."""
+        if self._batch is not None:
+            self._batch.abort()
+
     @property
     def busy(self) -> bool:
         """Whether the continuous batch has requests running or waiting."""
@@ -609,6 +614,17 @@ class _ContinuousBatch:
     def submit(self, seq: _Sequence) -> None:
         with self._lock:
             self._waiting.append(seq)
+
+    def abort(self) -> None:
+        with self._step_lock, self._lock:
+            for slot, seq in enumerate(self._slot):
+                if seq is not None:
+                    for page in seq.pages:
+                        self.pool.release(page)
+                    self._slot[slot] = None
+            self._waiting.clear()
+            self._kv = None  # a failed step may have consumed the donated pool
+            self.pool = PagePool(self.engine.max_pages, prefix_caching=self.engine.prefix_caching)
 
     def reset_prefix_cache(self) -> None:
         with self._lock:
