@@ -7,6 +7,7 @@ engine without prefix caching (sampled requests: alone, by seed).
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from ponente.trainer.inference import Engine, GenerationConfig, load_model
 from ponente.trainer.inference._paged import PagePool
 
 PROMPTS = [[5, 17, 3, 44, 8, 9, 21], [9], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72], [12, 12]]
-SMALL = {"max_batch_size": 4, "max_seq_len": 64, "page_size": 4, "prefill_chunk": 4}
+SMALL = {"max_batch_size": 4, "max_seq_len": 64, "page_size": 4, "prefill_chunk": 4, "max_pages": 12}
+"""Every engine of the tests has this shape (they share compiled programs); 12 pages of 4 cannot hold the four
+prompts with 10 new tokens each at once, so busy batches preempt."""
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,13 @@ def plain(model: Any) -> Engine:
     return Engine(model, **SMALL, prefix_caching=False)
 
 
+@functools.cache
+def _hf_model(folder: Path) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
 def _hf_greedy(folder: Path, prompt: list[int], n: int) -> list[int]:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf = _hf_model(folder)
     with torch.no_grad():
         out = hf.generate(
             torch.tensor([prompt]),
@@ -122,11 +130,12 @@ def test_prefix_cache_reuses_pages_with_the_same_tokens(folder: Path, engine: En
     assert engine.prefix_cache_hits == hits  # nothing cached any more
 
 
-def test_a_small_pool_preempts_and_recomputes_without_changing_the_tokens(model: Any, plain: Engine) -> None:
-    tight = Engine(model, **SMALL, max_pages=8)  # 32 tokens for 4 requests of up to 22
-    config = GenerationConfig(max_new_tokens=9)
-    together = tight.generate(PROMPTS, config)
-    assert tight._batch is not None and tight._batch.peak_pages <= 8
+def test_a_small_pool_preempts_and_recomputes_without_changing_the_tokens(engine: Engine, plain: Engine) -> None:
+    assert engine._batch is not None
+    before = engine._batch.preemptions
+    config = GenerationConfig(max_new_tokens=12, temperature=0.9, seed=5)
+    together = engine.generate(PROMPTS, config)
+    assert engine._batch.preemptions > before and engine._batch.peak_pages <= 12
     for prompt, completion in zip(PROMPTS, together, strict=True):
         assert completion.tokens == plain.generate([prompt], config)[0].tokens
 
@@ -161,9 +170,9 @@ def test_bad_settings_name_the_key(model: Any) -> None:
     ):
         with pytest.raises(ValueError, match=key):
             Engine(model, **{**SMALL, **kwargs})
-    small = Engine(model, **{**SMALL, "max_pages": 2})
-    with pytest.raises(ValueError, match=r"prompts\[0\]: 7 tokens and 4 new ones need 3 cache pages.*max_pages=2"):
-        small.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=4))
+    small = Engine(model, **SMALL)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: 7 tokens and 42 new ones need 13 cache pages.*max_pages=12"):
+        small.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=42))
 
 
 def test_page_pool_counts_references_and_evicts_the_least_recently_used() -> None:

@@ -36,6 +36,9 @@ _MIN_PREFILL = 8
 """The shortest prefill bucket: shorter prompts are padded to it (fewer compilations for tiny prompts)."""
 
 _STEPS_PER_CALL = 8
+_MIN_GATHER = 64
+"""Continuous batching: the fewest cache slots a step gathers per row (fewer page buckets for short sequences)."""
+
 CACHE_POSITION = "cache_position"
 """The slot axis of a model's contiguous cache (dropped from a page pool)."""
 """How many decode steps one compiled call runs by default (see ``Engine``'s ``steps_per_call``)."""
@@ -581,9 +584,9 @@ class _ContinuousBatch:
     """The host side of continuous batching: slots, pages, the prefix cache and one compiled step per bucket.
 
     Each :meth:`step` feeds every busy slot either its next chunk of prompt tokens (at most ``prefill_chunk``) or
-    its last generated token, in one call of shape ``(slots, width)`` (``width``: the power of two holding the
-    longest feed, at most ``prefill_chunk``) over the pages the slots own (``seq_page``: the power of two holding the
-    most pages a slot owns); rows that finished their prompt sample their next token. Waiting sequences take free
+    its last generated token, in one call of shape ``(slots, width)`` (``width``: 1 when every slot decodes, else
+    the power of two holding the longest feed, at least 8 and at most ``prefill_chunk``) over the pages the slots
+    own (``seq_page``: the power of two holding the most pages a slot owns, at least 64 tokens' worth); rows that finished their prompt sample their next token. Waiting sequences take free
     slots between steps, finished ones leave.
     """
 
@@ -605,6 +608,8 @@ class _ContinuousBatch:
         """Compiled steps run so far."""
         self.peak_pages = 0
         """The most pages referenced at once so far."""
+        self.preemptions = 0
+        """Sequences that gave their pages back to let older ones go on (they recompute them later)."""
 
     @property
     def busy(self) -> bool:
@@ -662,6 +667,7 @@ class _ContinuousBatch:
             self.pool.release(page)
         seq.pages, seq.cached, seq.registered = [], 0, 0
         self._slot[slot] = None
+        self.preemptions += 1
         with self._lock:
             self._waiting.appendleft(seq)
 
@@ -729,8 +735,10 @@ class _ContinuousBatch:
             feeds = self._plan()
             if not feeds:
                 return
-            width = min(_pow2(max(feeds.values())), self.engine.prefill_chunk)
-            seq_pages = min(_pow2(max(len(self._slot[s].pages) for s in feeds)), self.pages_per_seq)  # type: ignore[union-attr]
+            widest = max(feeds.values())
+            width = 1 if widest == 1 else min(max(_pow2(widest), _MIN_PREFILL), self.engine.prefill_chunk)
+            most_pages = max(len(cast(_Sequence, self._slot[s]).pages) for s in feeds)
+            seq_pages = min(max(_pow2(most_pages), _MIN_GATHER // self.page_size), self.pages_per_seq)
             rows = self.slots
             tokens = np.zeros((rows, width), np.int32)
             pos = np.zeros((rows, width), np.int32)
@@ -759,7 +767,7 @@ class _ContinuousBatch:
                     hax.named(jnp.asarray(write), (Batch, Pos)),
                     hax.named(jnp.asarray(table), (Batch, Axis("seq_page", seq_pages))),
                     jnp.asarray(last),
-                    SamplingParams.of(configs),
+                    _drawing(SamplingParams.of(configs)),
                     jnp.asarray(steps),
                     self.engine.vocab_size,
                 )
@@ -791,6 +799,12 @@ class _ContinuousBatch:
             seq.finish = "length"
         if seq.on_token is not None and not (seq.cancelled is not None and seq.cancelled.is_set()):
             seq.on_token(seq.index, token, delta, logprob)
+
+
+def _drawing(params: SamplingParams) -> SamplingParams:
+    """``params`` compiled with the random draw even when every row is greedy (greedy rows ignore it): one program
+    whether or not a sampled request is running (no recompilation when one arrives)."""
+    return SamplingParams(params.temperature, params.top_k, params.top_p, params.keys, params.filtered, False)
 
 
 def _pow2(n: int) -> int:
