@@ -608,6 +608,11 @@ class _ContinuousBatch:
         """Compiled steps run so far."""
         self.peak_pages = 0
         """The most pages referenced at once so far."""
+        self.page_token_steps = 0
+        """Sum over steps of the page slots held (pages in use x ``page_size``): with :attr:`cached_token_steps`, the
+        time-averaged cache slots per token in flight."""
+        self.cached_token_steps = 0
+        """Sum over steps of the tokens whose keys and values are cached (prompt and generated, all sequences)."""
         self.preemptions = 0
         """Sequences that gave their pages back to let older ones go on (they recompute them later)."""
 
@@ -772,6 +777,8 @@ class _ContinuousBatch:
                     self.engine.vocab_size,
                 )
             self.steps += 1
+            self.page_token_steps += self.pool.in_use * self.page_size
+            self.cached_token_steps += sum(seq.cached + feeds[s] for s, seq in enumerate(self._slot) if s in feeds and seq)
             host_tokens, host_logprobs = (np.asarray(a) for a in jax.device_get((new_tokens, new_logprobs)))
             for slot, n in feeds.items():
                 seq = self._slot[slot]
