@@ -135,7 +135,8 @@ def test_a_small_pool_preempts_and_recomputes_without_changing_the_tokens(engine
     before = engine._batch.preemptions
     config = GenerationConfig(max_new_tokens=12, temperature=0.9, seed=5)
     together = engine.generate(PROMPTS, config)
-    assert engine._batch.preemptions > before and engine._batch.peak_pages <= 12
+    assert engine._batch.preemptions > before
+    assert engine._batch.peak_pages <= 12
     for prompt, completion in zip(PROMPTS, together, strict=True):
         assert completion.tokens == plain.generate([prompt], config)[0].tokens
 
@@ -184,9 +185,13 @@ def test_page_pool_counts_references_and_evicts_the_least_recently_used() -> Non
     pool.release(a)
     pool.release(b)
     pool.release(c)  # not cached: free again
-    assert pool.available == 3 and pool.cached == 2
+    assert pool.available == 3
+    assert pool.cached == 2
     assert pool.lookup([1]) == [a]
     pool.release(a)  # the first prefix is now the most recently used
-    assert pool.allocate() == c and pool.allocate() == b  # b evicted before a
-    assert pool.lookup([2]) == [] and pool.evictions == 1
-    assert pool.reset_prefix_cache() == 1 and pool.available == 1
+    assert pool.allocate() == c
+    assert pool.allocate() == b
+    assert pool.lookup([2]) == []
+    assert pool.evictions == 1
+    assert pool.reset_prefix_cache() == 1
+    assert pool.available == 1

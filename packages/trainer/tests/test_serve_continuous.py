@@ -60,14 +60,16 @@ def test_reset_prefix_cache_needs_the_key_and_empties_the_cache(served):
     prompt = tokenizer.encode("one two three four five six seven eight nine ten").ids
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0}
     first = _post(server, "completions", body).json()["choices"][0]["text"]
-    assert engine._batch is not None and engine._batch.pool.cached > 0
+    assert engine._batch is not None
+    assert engine._batch.pool.cached > 0
     hits = engine.prefix_cache_hits
     assert _post(server, "completions", body).json()["choices"][0]["text"] == first
     assert engine.prefix_cache_hits > hits  # the second request reused the first one's pages
     assert _post(server, "reset_prefix_cache", key=None).status_code == 401
     assert _post(server, "reset_prefix_cache", key="wrong").status_code == 401
     response = _post(server, "reset_prefix_cache")
-    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
     hits = engine.prefix_cache_hits
     assert _post(server, "completions", body).json()["choices"][0]["text"] == first
     assert engine.prefix_cache_hits == hits  # nothing was cached any more

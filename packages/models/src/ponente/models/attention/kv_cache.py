@@ -348,7 +348,7 @@ class PagedKvCache(KvCache):
 
     @property
     def layer_keys(self) -> NamedArray:
-        """This layer's keys of each row, gathered from its pages (``(batch, cache_position, heads..., head_size)``)."""
+        """Each row's keys in this layer, gathered from its pages: ``(batch, cache_position, heads..., head_size)``."""
         return self._gather(self.keys)
 
     @property

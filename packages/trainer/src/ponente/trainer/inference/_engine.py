@@ -36,6 +36,9 @@ _MIN_PREFILL = 8
 """The shortest prefill bucket: shorter prompts are padded to it (fewer compilations for tiny prompts)."""
 
 _STEPS_PER_CALL = 8
+_MIN_ROWS = 8
+"""Continuous batching: the fewest token rows a step runs (fewer buckets for a batch of a few requests)."""
+
 _MIN_GATHER = 64
 """Continuous batching: the fewest cache slots a step gathers per row (fewer page buckets for short sequences)."""
 
@@ -92,16 +95,17 @@ class Engine:
         max_pages: continuous batching: the pages of the pool (None: ``kv_cache_bytes``, else enough for
             ``max_batch_size`` sequences of ``max_seq_len`` tokens).
         kv_cache_bytes: continuous batching: size the pool by memory instead (keys and values of every layer).
-        prefill_chunk: continuous batching: the most prompt tokens a sequence feeds per step (longer prompts run
-            as several chunks, between which the other sequences keep decoding).
+        prefill_chunk: continuous batching: the most prompt tokens fed per step, all slots together (longer
+            prompts run as several chunks, while the other sequences keep decoding).
         prefix_caching: continuous batching: keep the full pages of prompts and reuse them for later prompts with
             the same prefix (reference-counted; unreferenced ones are evicted, least recently used first).
 
     Continuous batching (the default): a fixed number of slots (``max_batch_size``) share a pool of cache pages.
-    Every step runs one compiled call in which each busy slot feeds either its next chunk of prompt tokens or its
-    last generated token; a request joins at the next step after it arrives and leaves as soon as it ends, and it
+    Every step runs one compiled call in which each busy slot feeds either its last generated token or its next
+    chunk of prompt tokens (``prefill_chunk`` prompt tokens per step, shared by the slots still in their prompts);
+    a request joins at the next step after it arrives and leaves as soon as it ends, and it
     takes pages only as its tokens reach them (when the pool runs out, the youngest sequence gives its pages back
-    and later recomputes them). Programs compile once per (step width, pages per slot) bucket, both powers of two.
+    and later recomputes them). Programs compile once per (tokens per step, pages per slot) bucket, both powers of two.
     A request's greedy tokens do not depend on the other requests, and its sampled tokens depend only on its seed.
 
     Raises:
@@ -583,11 +587,11 @@ class _Sequence:
 class _ContinuousBatch:
     """The host side of continuous batching: slots, pages, the prefix cache and one compiled step per bucket.
 
-    Each :meth:`step` feeds every busy slot either its next chunk of prompt tokens (at most ``prefill_chunk``) or
-    its last generated token, in one call of shape ``(slots, width)`` (``width``: 1 when every slot decodes, else
-    the power of two holding the longest feed, at least 8 and at most ``prefill_chunk``) over the pages the slots
-    own (``seq_page``: the power of two holding the most pages a slot owns, at least 64 tokens' worth); rows that finished their prompt sample their next token. Waiting sequences take free
-    slots between steps, finished ones leave.
+    Each :meth:`step` feeds every busy slot either its last generated token or (oldest first, ``prefill_chunk``
+    prompt tokens per step in all) its next chunk of prompt tokens, in one compiled call whose rows are the tokens
+    fed (a power of two, at least 8) over the pages their slots own (``seq_page``: the power of two holding the
+    most pages a slot owns, at least 64 tokens' worth); slots that finished their prompt sample their next token.
+    Waiting sequences take free slots between steps, finished ones leave.
     """
 
     def __init__(self, engine: Engine, template: Any) -> None:
@@ -702,13 +706,16 @@ class _ContinuousBatch:
                 self._slot[self._slot.index(None)] = seq
 
     def _plan(self) -> dict[int, int]:
-        """How many tokens each busy slot feeds this step, with the pages they need allocated (oldest first;
-        the youngest sequences are preempted when the pool runs out)."""
+        """How many tokens each busy slot feeds this step, with the pages they need allocated.
+
+        Oldest first: a decoding slot feeds its last token; slots still in their prompt share ``prefill_chunk``
+        prompt tokens (a slot left without any waits for the next step). When the pool runs out, the youngest
+        sequence is preempted.
+        """
         feeds: dict[int, int] = {}
-        order = sorted(
-            (s for s in range(self.slots) if self._slot[s] is not None), key=lambda s: self._slot[s].admitted
-        )  # type: ignore[union-attr]
-        for slot in order:
+        busy = {s: seq for s, seq in enumerate(self._slot) if seq is not None}
+        budget = self.engine.prefill_chunk
+        for slot in sorted(busy, key=lambda s: busy[s].admitted):
             seq = self._slot[slot]
             if seq is None:  # preempted by an older one
                 continue
@@ -716,53 +723,66 @@ class _ContinuousBatch:
                 seq.finish = seq.finish or "length"
                 self._finish(slot, seq)
                 continue
-            n = min(seq.length - seq.cached, self.engine.prefill_chunk)
+            left = seq.length - seq.cached
+            n = 1 if left == 1 else min(left, budget)
+            if n < 1:
+                continue
             needed = (seq.cached + n - 1) // self.page_size + 1
             while len(seq.pages) < needed:
                 page = self.pool.allocate()
                 if page is not None:
                     seq.pages.append(page)
                     continue
-                victims = [s for s in range(self.slots) if self._slot[s] is not None and s not in feeds]
-                victim = max(victims, key=lambda s: self._slot[s].admitted)  # type: ignore[union-attr]
+                victims = [s for s, other in enumerate(self._slot) if other is not None and s not in feeds]
+                victim = max(victims, key=lambda s: cast(_Sequence, self._slot[s]).admitted)
                 self._preempt(victim)
                 if victim == slot:
                     break
             if self._slot[slot] is seq:
                 feeds[slot] = n
+                if left > 1:
+                    budget -= n
         self.peak_pages = max(self.peak_pages, self.pool.in_use)
         return feeds
 
     def step(self) -> None:
-        """Admit waiting sequences, run one compiled step over the busy slots, and hand out the sampled tokens."""
+        """Admit waiting sequences, run one compiled step over the busy slots, and hand out the sampled tokens.
+
+        The step's rows are tokens, not slots: every token fed (a decoding slot's last one, a prompt chunk's) is
+        one row with its own position and its slot's page table, so a step costs the tokens it feeds. Each row
+        writes its keys and values into its slot's pages before any row attends, so a prompt chunk's tokens see
+        each other (causally, by position) as well as the pages cached before.
+        """
         with self._step_lock:
             self._admit()
             feeds = self._plan()
             if not feeds:
                 return
-            widest = max(feeds.values())
-            width = 1 if widest == 1 else min(max(_pow2(widest), _MIN_PREFILL), self.engine.prefill_chunk)
+            total = sum(feeds.values())
+            rows = max(_pow2(total), _MIN_ROWS)
+            rows = math.ceil(rows / self.engine._batch_shards) * self.engine._batch_shards
             most_pages = max(len(cast(_Sequence, self._slot[s]).pages) for s in feeds)
             seq_pages = min(max(_pow2(most_pages), _MIN_GATHER // self.page_size), self.pages_per_seq)
-            rows = self.slots
-            tokens = np.zeros((rows, width), np.int32)
-            pos = np.zeros((rows, width), np.int32)
-            write = np.zeros((rows, width), bool)
+            tokens = np.zeros((rows, 1), np.int32)
+            pos = np.zeros((rows, 1), np.int32)
+            write = np.zeros((rows, 1), bool)
             table = np.zeros((rows, seq_pages), np.int32)
-            last = np.zeros((rows,), np.int32)
             steps = np.zeros((rows,), np.int32)
             configs: list[GenerationConfig | None] = [None] * rows
+            sample_row: dict[int, int] = {}  # slot -> the row whose logits give its next token
+            row = 0
             for slot, n in feeds.items():
                 seq = self._slot[slot]
                 assert seq is not None
-                tokens[slot, :n] = seq.token_at(seq.cached, seq.cached + n)
-                pos[slot, :n] = np.arange(seq.cached, seq.cached + n)
-                write[slot, :n] = True
-                table[slot, : len(seq.pages)] = seq.pages
-                last[slot] = n - 1
-                steps[slot] = len(seq.tokens)
-                configs[slot] = seq.config
-            Batch, Pos = Axis("batch", rows), Axis("position", width)
+                tokens[row : row + n, 0] = seq.token_at(seq.cached, seq.cached + n)
+                pos[row : row + n, 0] = np.arange(seq.cached, seq.cached + n)
+                write[row : row + n, 0] = True
+                table[row : row + n, : len(seq.pages)] = seq.pages
+                steps[row + n - 1] = len(seq.tokens)
+                configs[row + n - 1] = seq.config
+                sample_row[slot] = row + n - 1
+                row += n
+            Batch, Pos = Axis("batch", rows), Axis("position", 1)
             with self.engine._on_mesh():
                 self._kv, new_tokens, new_logprobs = _PAGED_STEP(
                     self.engine.model,
@@ -771,14 +791,16 @@ class _ContinuousBatch:
                     hax.named(jnp.asarray(pos), (Batch, Pos)),
                     hax.named(jnp.asarray(write), (Batch, Pos)),
                     hax.named(jnp.asarray(table), (Batch, Axis("seq_page", seq_pages))),
-                    jnp.asarray(last),
+                    jnp.zeros((rows,), jnp.int32),
                     _drawing(SamplingParams.of(configs)),
                     jnp.asarray(steps),
                     self.engine.vocab_size,
                 )
             self.steps += 1
             self.page_token_steps += self.pool.in_use * self.page_size
-            self.cached_token_steps += sum(seq.cached + feeds[s] for s, seq in enumerate(self._slot) if s in feeds and seq)
+            self.cached_token_steps += sum(cast(_Sequence, self._slot[s]).cached + n for s, n in feeds.items()) + sum(
+                seq.cached for s, seq in enumerate(self._slot) if seq is not None and s not in feeds
+            )
             host_tokens, host_logprobs = (np.asarray(a) for a in jax.device_get((new_tokens, new_logprobs)))
             for slot, n in feeds.items():
                 seq = self._slot[slot]
@@ -790,7 +812,8 @@ class _ContinuousBatch:
                     seq.registered += 1
                 if seq.cached < seq.length:
                     continue  # the prompt goes on in the next step
-                self._take(seq, int(host_tokens[slot]), float(host_logprobs[slot]))
+                r = sample_row[slot]
+                self._take(seq, int(host_tokens[r]), float(host_logprobs[r]))
                 if seq.finish is not None:
                     self._finish(slot, seq)
 
