@@ -410,6 +410,11 @@ class Engine:
             self._batch.abort()
 
     @property
+    def waiting(self) -> int:
+        """Requests of the continuous batch waiting for a slot (0 for static batches)."""
+        return 0 if self._batch is None else len(self._batch._waiting)
+
+    @property
     def busy(self) -> bool:
         """Whether the continuous batch has requests running or waiting."""
         return self._batch is not None and self._batch.busy

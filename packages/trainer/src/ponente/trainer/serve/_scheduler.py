@@ -119,8 +119,12 @@ class BatchScheduler:
 
     @property
     def pending(self) -> int:
-        """Jobs waiting for a batch."""
-        return len(self._pending)
+        """Jobs waiting for a batch (continuous batching: also the prompts waiting for a slot of the engine)."""
+        return len(self._pending) + int(getattr(self.engine, "waiting", 0) if self._continuous else 0)
+
+    @property
+    def _continuous(self) -> bool:
+        return bool(getattr(self.engine, "continuous", False))
 
     def submit(self, job: Job) -> None:
         """Queue a job.
@@ -136,8 +140,8 @@ class BatchScheduler:
             if self._stopping or not self.alive:
                 cause = "" if self.error is None else f" (it failed: {type(self.error).__name__}: {self.error})"
                 raise RuntimeError(f"the scheduler is not running{cause}")
-            if len(self._pending) >= self.max_pending:
-                raise QueueFullError(f"{len(self._pending)} requests are already waiting; try again later")
+            if self.pending >= self.max_pending:
+                raise QueueFullError(f"{self.pending} requests are already waiting; try again later")
             self._pending.append(job)
             self._cond.notify()
 
@@ -154,7 +158,7 @@ class BatchScheduler:
                 _call(job.on_done, RuntimeError(f"the scheduler failed: {type(exc).__name__}: {exc}"))
 
     def _serve_jobs(self) -> None:
-        if getattr(self.engine, "continuous", False):
+        if self._continuous:
             self._serve_continuous()
             return
         while True:
