@@ -195,3 +195,36 @@ def test_page_pool_counts_references_and_evicts_the_least_recently_used() -> Non
     assert pool.evictions == 1
     assert pool.reset_prefix_cache() == 1
     assert pool.available == 1
+
+
+def test_a_latent_cache_stays_on_static_batches() -> None:
+    """DeepSeek-V3's multi-head latent attention caches keys and values of other shapes: no paging."""
+    import jax
+
+    import ponente.namedtensor as hax
+    from ponente.models import DeepseekV3Config
+
+    hf = transformers.DeepseekV3Config(
+        vocab_size=64,
+        max_position_embeddings=32,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=12,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        q_lora_rank=16,
+        kv_lora_rank=12,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=6,
+    ).to_dict()
+    model = DeepseekV3Config.from_hf_config(hf).build(hax.Axis("vocab", 64), key=jax.random.key(0))
+    assert not Engine(model).continuous
+    with pytest.raises(ValueError, match=r"continuous: .* cannot be paged"):
+        Engine(model, continuous=True)

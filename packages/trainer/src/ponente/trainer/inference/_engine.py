@@ -704,10 +704,11 @@ class _ContinuousBatch:
                     break
                 self._waiting.popleft()
                 seq.pages = self.pool.lookup(seq.hashes[:usable])
-                seq.cached = seq.registered = len(seq.pages) * self.page_size
+                seq.cached = len(seq.pages) * self.page_size
                 seq.registered = len(seq.pages)
-                seq.admitted = self._admitted
-                self._admitted += 1
+                if seq.admitted < 0:  # a preempted sequence keeps its age (it does not become the next victim)
+                    seq.admitted = self._admitted
+                    self._admitted += 1
                 self._slot[self._slot.index(None)] = seq
 
     def _plan(self) -> dict[int, int]:
