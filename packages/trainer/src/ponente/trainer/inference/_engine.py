@@ -36,6 +36,9 @@ _MIN_PREFILL = 8
 """The shortest prefill bucket: shorter prompts are padded to it (fewer compilations for tiny prompts)."""
 
 _STEPS_PER_CALL = 8
+_GREEDY = GenerationConfig()
+"""The settings of a padding row."""
+
 _MIN_ROWS = 8
 """Continuous batching: the fewest token rows a step runs (fewer buckets for a batch of a few requests)."""
 
@@ -612,6 +615,7 @@ class _ContinuousBatch:
         self._lock = threading.Lock()  # guards _waiting and the reset flag (submit may come from other threads)
         self._step_lock = threading.Lock()  # one step at a time
         self._reset_requested = False
+        self._keys: dict[int, np.ndarray] = {}  # seed -> raw PRNG key
         self._admitted = 0
         self.steps = 0
         """Compiled steps run so far."""
@@ -798,7 +802,7 @@ class _ContinuousBatch:
                     hax.named(jnp.asarray(write), (Batch, Pos)),
                     hax.named(jnp.asarray(table), (Batch, Axis("seq_page", seq_pages))),
                     jnp.zeros((rows,), jnp.int32),
-                    _drawing(SamplingParams.of(configs)),
+                    self._params(configs),
                     jnp.asarray(steps),
                     self.engine.vocab_size,
                 )
@@ -823,6 +827,27 @@ class _ContinuousBatch:
                 if seq.finish is not None:
                     self._finish(slot, seq)
 
+    def _params(self, configs: list[GenerationConfig | None]) -> SamplingParams:
+        """The rows' sampling settings, built on the host (each config's PRNG key computed once, not per step)."""
+        rows = [c or _GREEDY for c in configs]
+        keys = np.stack([self._key(c.seed) for c in rows])
+        return SamplingParams(
+            temperature=np.asarray([c.temperature for c in rows], np.float32),  # type: ignore[arg-type]
+            top_k=np.asarray([c.top_k or 0 for c in rows], np.int32),  # type: ignore[arg-type]
+            top_p=np.asarray([c.top_p or 1.0 for c in rows], np.float32),  # type: ignore[arg-type]
+            keys=keys,  # type: ignore[arg-type]
+            filtered=any(c.top_k is not None or c.top_p is not None for c in rows),
+            greedy=False,  # one program whether or not a sampled request runs (greedy rows ignore the draw)
+        )
+
+    def _key(self, seed: int) -> np.ndarray:
+        key = self._keys.get(seed)
+        if key is None:
+            key = self._keys[seed] = np.asarray(jax.random.PRNGKey(seed), np.uint32)
+            if len(self._keys) > 4096:
+                self._keys.pop(next(iter(self._keys)))
+        return key
+
     def _take(self, seq: _Sequence, token: int, logprob: float) -> None:
         seq.tokens.append(token)
         seq.logprobs.append(logprob)
@@ -835,12 +860,6 @@ class _ContinuousBatch:
             seq.finish = "length"
         if seq.on_token is not None and not (seq.cancelled is not None and seq.cancelled.is_set()):
             seq.on_token(seq.index, token, delta, logprob)
-
-
-def _drawing(params: SamplingParams) -> SamplingParams:
-    """``params`` compiled with the random draw even when every row is greedy (greedy rows ignore it): one program
-    whether or not a sampled request is running (no recompilation when one arrives)."""
-    return SamplingParams(params.temperature, params.top_k, params.top_p, params.keys, params.filtered, False)
 
 
 def _pow2(n: int) -> int:
