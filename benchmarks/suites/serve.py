@@ -1,17 +1,20 @@
-"""``ponente-serve`` throughput: 16 concurrent clients against a live server on localhost, batched vs one at a time.
+"""``ponente-serve`` under 16 concurrent clients with mixed prompt and answer lengths: continuous vs static batching.
 
 A small Llama (hidden 128, 2 layers, 4 heads, vocab 4096: the shipped Shakespeare tokenizer; random weights) is
 served by ``ponente.trainer.serve`` (uvicorn on a thread, the app of ``create_app`` over an ``Engine``). Each of
-``CLIENTS`` threads sends ``REQUESTS`` ``/v1/completions`` requests one after the other (greedy, a different
-prompt of about 10 tokens each, ``max_tokens`` new tokens, no stop token, so every request generates all of
-them). The same load runs twice: with the scheduler batching up to 16 prompts (``max_batch_size=16``), and with
-``max_batch_size=1`` (requests served one at a time, what a server without batching does). Before timing, one
-warm-up round compiles the programs of every batch size the round will use.
+``CLIENTS`` threads sends ``REQUESTS`` ``/v1/completions`` requests one after the other (greedy, no stop token, so
+every request generates all its tokens); request ``i`` has a prompt of 6 to 65 words and ``max_tokens`` cycling
+through 8, 32, 8, 128 (short and long answers mixed). The same load runs twice, on the same weights: with a
+continuous-batching engine (16 slots, pages of 16 tokens, prefill chunks of 32) and with static batches of up to
+16 prompts (``continuous=False``: a batch runs until its longest request ends). Before timing, warm-up rounds compile
+the programs the load uses.
 
-Recorded per mode: generated tokens/s over the whole run (wall clock), requests/s, the median and 95th-percentile
-request latency, and the mean batch size the scheduler ran; then the batched/one-at-a-time ratio of tokens/s.
-Knobs: ``PONENTE_BENCH_SERVE_CLIENTS`` (default 16), ``PONENTE_BENCH_SERVE_REQUESTS`` (per client, default 4),
-``PONENTE_BENCH_SERVE_TOKENS`` (``max_tokens``, default 64).
+Recorded per mode: generated tokens/s over the whole run (wall clock), requests/s, the median and 99th-percentile
+request latency; then the continuous/static ratio of tokens/s. KV memory: the same 16 mixed requests through
+``Engine.generate`` in each mode: the cache slots held per token in flight, averaged over the steps (continuous:
+pages in use x page size over the tokens cached; static: each batch's whole ``rows x cache length`` cache over the
+tokens its rows hold, step by step).
+Knobs: ``PONENTE_BENCH_SERVE_CLIENTS`` (default 16), ``PONENTE_BENCH_SERVE_REQUESTS`` (per client, default 4).
 """
 
 from __future__ import annotations
@@ -55,18 +58,23 @@ WORDS = [
 ]
 
 
+ANSWERS = (8, 32, 8, 128)
+"""``max_tokens`` of request ``i``: ``ANSWERS[i % 4]``."""
+
+
 def _prompt(i: int) -> str:
-    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(8))
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(6 + (i * 37) % 60))
 
 
-def _load(base_url: str, clients: int, requests: int, tokens: int, offset: int) -> tuple[float, list[float], int]:
+def _load(base_url: str, clients: int, requests: int, offset: int) -> tuple[float, list[float], int]:
     """Every client sends its requests in turn; returns the wall time, the latencies and the generated tokens."""
 
     def client(c: int) -> tuple[list[float], int]:
         latencies, generated = [], 0
         with httpx.Client(base_url=base_url, timeout=600) as http:
             for r in range(requests):
-                body = {"prompt": _prompt(offset + c * requests + r), "max_tokens": tokens, "temperature": 0}
+                i = offset + c * requests + r
+                body = {"prompt": _prompt(i), "max_tokens": ANSWERS[i % len(ANSWERS)], "temperature": 0}
                 start = time.perf_counter()
                 response = http.post("/completions", json=body)
                 latencies.append(time.perf_counter() - start)
@@ -81,36 +89,70 @@ def _load(base_url: str, clients: int, requests: int, tokens: int, offset: int) 
     return wall, [x for lat, _ in results for x in lat], sum(n for _, n in results)
 
 
+def _static_slots_per_token(engine: Engine, prompts: list[list[int]], answers: list[int]) -> float:
+    """Static batches as ``Engine.generate`` forms them (sorted by length, ``max_batch_size`` each): the cache slots
+    of each batch (``rows x cache length``) over the tokens its rows hold, summed over the batch's decode steps."""
+    slots = tokens = 0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for start in range(0, len(order), engine.max_batch_size):
+        batch = order[start : start + engine.max_batch_size]
+        rows = 1 << (len(batch) - 1).bit_length()
+        longest = max(len(prompts[i]) + answers[i] for i in batch)
+        cache_len = min(max(8, 1 << (longest - 1).bit_length()), engine.max_seq_len)
+        for step in range(max(answers[i] for i in batch)):
+            slots += rows * cache_len
+            tokens += sum(len(prompts[i]) + min(step + 1, answers[i]) for i in batch)
+    return slots / tokens
+
+
 def run(rec: Recorder) -> None:
-    """Throughput of the server under concurrent clients, with and without batching."""
+    """Throughput and latency of the server under concurrent clients, continuous vs static batching."""
+    from ponente.trainer.inference import GenerationConfig
+
     clients = int(os.environ.get("PONENTE_BENCH_SERVE_CLIENTS", "16"))
     requests = int(os.environ.get("PONENTE_BENCH_SERVE_REQUESTS", "4"))
-    tokens = int(os.environ.get("PONENTE_BENCH_SERVE_TOKENS", "64"))
     tokenizer = load_tokenizer(resolve_url("package://ponente.trainer.assets/shakespeare_tokenizer.json"))
     config = LlamaConfig(seq_len=256, hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4)
     model = config.build(hax.Axis("vocab", tokenizer.get_vocab_size()), key=jax.random.key(0))
-    extra: dict[str, Any] = {"clients": clients, "requests_per_client": requests, "max_tokens": tokens}
+    extra: dict[str, Any] = {"clients": clients, "requests_per_client": requests, "max_tokens": list(ANSWERS)}
     rates = {}
-    for mode, batch in (("batched", 16), ("one_at_a_time", 1)):
-        engine = Engine(model, tokenizer, max_batch_size=batch, max_seq_len=config.seq_len)
-        limits = ServerLimits(model_name="bench", max_seq_len=config.seq_len, max_tokens=tokens, max_prompts=batch)
+    for mode in ("continuous", "static"):
+        engine = Engine(
+            model,
+            tokenizer,
+            max_batch_size=16,
+            max_seq_len=config.seq_len,
+            continuous=mode == "continuous",
+            page_size=16,
+            prefill_chunk=32,
+        )
+        limits = ServerLimits(model_name="bench", max_seq_len=config.seq_len, max_tokens=max(ANSWERS), max_prompts=16)
         app = create_app(engine, tokenizer, limits=limits, max_pending=4 * clients)
         with ServerThread(app) as server:
-            # warm-up: compile every batch bucket (1, 2, 4, ... up to max_batch_size) the timed round may use
-            size = 1
-            while size <= batch:
-                _load(server.base_url, size, 1, tokens, offset=10_000)
-                size *= 2
-            _load(server.base_url, clients, 1, tokens, offset=20_000)
-            scheduler = app.state.scheduler
-            before = len(scheduler.batch_sizes)
-            wall, latencies, generated = _load(server.base_url, clients, requests, tokens, offset=0)
-            sizes = list(scheduler.batch_sizes)[before:]
+            if mode == "static":  # compile every batch bucket (1, 2, 4, ... 16) the timed round may use
+                size = 1
+                while size <= 16:
+                    _load(server.base_url, size, 1, offset=10_000 + size)
+                    size *= 2
+            for warm in range(2):
+                _load(server.base_url, clients, 2, offset=20_000 + 1000 * warm)
+            wall, latencies, generated = _load(server.base_url, clients, requests, offset=0)
         rates[mode] = generated / wall
-        row = {**extra, "max_batch_size": batch}
+        row = {**extra, "mode": mode}
         rec.record(mode, "tokens_per_second", rates[mode], "tokens/s", **row)
         rec.record(mode, "requests_per_second", len(latencies) / wall, "requests/s", **row)
-        rec.record(mode, "latency_median", statistics.median(latencies), "s", **row)
-        rec.record(mode, "latency_p95", statistics.quantiles(latencies, n=20)[-1], "s", **row)
-        rec.record(mode, "mean_batch_size", statistics.fmean(sizes), "prompts", batches=len(sizes), **row)
-    rec.record("batched_vs_one_at_a_time", "tokens_per_second_ratio", rates["batched"] / rates["one_at_a_time"], "x")
+        rec.record(mode, "latency_p50", statistics.median(latencies), "s", **row)
+        rec.record(mode, "latency_p99", statistics.quantiles(latencies, n=100)[-1], "s", **row)
+        # KV memory per token in flight, on 16 mixed requests at once
+        prompts = [engine.encode(_prompt(i)) for i in range(16)]
+        answers = [ANSWERS[i % len(ANSWERS)] for i in range(16)]
+        if mode == "continuous":
+            batch = engine._batch
+            assert batch is not None
+            pages, held = batch.page_token_steps, batch.cached_token_steps
+            engine.generate(prompts, [GenerationConfig(max_new_tokens=a) for a in answers])
+            per_token = (batch.page_token_steps - pages) / (batch.cached_token_steps - held)
+        else:
+            per_token = _static_slots_per_token(engine, prompts, answers)
+        rec.record(mode, "kv_slots_per_token_in_flight", per_token, "slots/token", **row)
+    rec.record("continuous_vs_static", "tokens_per_second_ratio", rates["continuous"] / rates["static"], "x")

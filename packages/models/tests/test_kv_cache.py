@@ -393,3 +393,63 @@ def test_greedy_decoding_equals_transformers_generate(name: str) -> None:
             pad_token_id=0,
         )[:, prompts.shape[1] :].numpy()
     np.testing.assert_array_equal(_greedy(model, prompts, NEW_TOKENS), expected)
+
+
+@eqx.filter_jit
+def _paged_decode(
+    model: LmHeadModel, tokens: hax.NamedArray, cache: Any, pos_ids: hax.NamedArray
+) -> tuple[hax.NamedArray, Any]:
+    return model.decode(tokens, cache, pos_ids)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt2", "qwen-sliding"])
+def test_paged_cache_in_chunks_equals_the_full_forward(name: str) -> None:
+    """Two sequences in a pool of pages of 3 (scattered page tables), fed in chunks of up to 4 tokens, one token per
+    row (as a continuous-batching engine feeds them: each row has its own position and its sequence's pages, padding
+    rows are not written); every position's logits equal the full forward's."""
+    from ponente.models import PagedKvCache
+
+    model = _build(name)
+    rows = np.random.RandomState(1).randint(3, VOCAB.size, size=(2, TOTAL))
+    full = np.asarray(_full(model, _named(rows)).array)
+    pool = PagedKvCache.like(model.init_cache(Batch, 1), pages=12, page_size=3)
+    tables = np.array([[7, 2, 10, 0, 5], [1, 11, 3, 8, 4]])  # 5 pages of 3 hold the 13 tokens of each sequence
+    done, out = [0, 0], [[], []]
+    chunks = [(0, 4), (1, 2)]  # (sequence, tokens) per step, round-robin until both are done
+    while min(done) < TOTAL:
+        feed = [(s, min(n, TOTAL - done[s])) for s, n in chunks if done[s] < TOTAL]
+        width = 8  # rows of the step: the tokens fed, then padding
+        tokens, pos = np.zeros((width, 1), np.int32), np.zeros((width, 1), np.int32)
+        write, table = np.zeros((width, 1), bool), np.zeros((width, tables.shape[1]), np.int32)
+        r = 0
+        for s, n in feed:
+            tokens[r : r + n, 0] = rows[s, done[s] : done[s] + n]
+            pos[r : r + n, 0] = np.arange(done[s], done[s] + n)
+            write[r : r + n, 0], table[r : r + n] = True, tables[s]
+            r += n
+        Rows = hax.Axis("batch", width)
+        cache = pool.with_pages(
+            hax.named(jnp.asarray(table), (Rows, "seq_page")), hax.named(jnp.asarray(write), (Rows, "position"))
+        )
+        logits, cache = _paged_decode(model, _named(tokens), cache, _named(pos))
+        pool = PagedKvCache(cache.keys, cache.values)
+        r = 0
+        for s, n in feed:
+            out[s].extend(np.asarray(logits.array[r : r + n, 0]))
+            done[s] += n
+            r += n
+    for s in range(2):
+        np.testing.assert_allclose(np.stack(out[s]), full[s], atol=TOL * 10, rtol=TOL * 10)
+
+
+def test_paged_cache_needs_a_page_table_and_valid_sizes() -> None:
+    from ponente.models import PagedKvCache
+
+    Hd = hax.Axis("head_size", 2)
+    with pytest.raises(ValueError, match="page_size must be >= 1"):
+        PagedKvCache.init((), Hd, pages=2, page_size=0)
+    with pytest.raises(ValueError, match="pages must be >= 1"):
+        PagedKvCache.init((), Hd, pages=0, page_size=2)
+    k = hax.ones((Batch, hax.Axis("position", 1), Hd))
+    with pytest.raises(ValueError, match="no page table"):
+        PagedKvCache.init((), Hd, pages=2, page_size=2).update(k, k, _named(np.zeros((2, 1))))

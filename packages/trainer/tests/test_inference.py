@@ -286,8 +286,8 @@ def test_the_tokenizer_bounds_the_sampled_ids(model: Any) -> None:
 @pytest.mark.parametrize("steps_per_call", [1, 3])
 def test_steps_per_call_does_not_change_the_completions(model: Any, steps_per_call: int) -> None:
     config = GenerationConfig(max_new_tokens=7, temperature=0.8, seed=11, logprobs=True)
-    reference = Engine(model, max_batch_size=4).generate(PROMPTS, config)
-    done = Engine(model, max_batch_size=4, steps_per_call=steps_per_call).generate(PROMPTS, config)
+    reference = Engine(model, max_batch_size=4).generate(PROMPTS, config)  # continuous batching: a second code path
+    done = Engine(model, max_batch_size=4, steps_per_call=steps_per_call, continuous=False).generate(PROMPTS, config)
     assert [c.tokens for c in done] == [c.tokens for c in reference]
     for a, b in zip(done, reference, strict=True):
         np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)

@@ -73,7 +73,8 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(folder):
     model, tokenizer = load_model(str(folder))
-    engine = GatedEngine(Engine(model, tokenizer, max_batch_size=4, max_seq_len=MAX_SEQ_LEN))
+    # static batches: these tests gate and fail whole batches (continuous batching: test_serve_continuous)
+    engine = GatedEngine(Engine(model, tokenizer, max_batch_size=4, max_seq_len=MAX_SEQ_LEN, continuous=False))
     stops = eos_token_ids(str(folder))
     assert stops == (3,)  # write_tiny_llama's </s>
     app = create_app(

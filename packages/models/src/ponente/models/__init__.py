@@ -10,7 +10,7 @@ checkpoint names of the blocks. ``ponente.models.hf`` reads and writes Hugging F
 the subpackage.
 """
 
-from .attention import ATTENTION_BACKENDS, Attention, AttentionMask, KvCache, dot_product_attention
+from .attention import ATTENTION_BACKENDS, Attention, AttentionMask, KvCache, PagedKvCache, dot_product_attention
 from .config import (
     LmConfig,
     config_for_type,
@@ -81,6 +81,7 @@ __all__ = [
     "MoeMlp",
     "Olmo2Config",
     "Olmo2LMHeadModel",
+    "PagedKvCache",
     "QkNormAttention",
     "Qwen3Config",
     "Qwen3LMHeadModel",

@@ -10,13 +10,13 @@ One module per concept, from the top (the layer every family uses) to the bottom
   :mod:`~ponente.models.attention.pallas` (JAX's Pallas kernels) and :mod:`~ponente.models.attention.reference`
   (materialized scores: the definition the others are tested against, :func:`dot_product_attention`);
 - :class:`AttentionMask` (causal, sliding window, segment ids; a description materialized on demand) and
-  :mod:`~ponente.models.attention.kv_cache` (:class:`KvCache`).
+  :mod:`~ponente.models.attention.kv_cache` (:class:`KvCache`, and :class:`PagedKvCache`, its paged form).
 
 """
 
 from ._layer import ATTENTION_BACKENDS, KEY_POSITION, Attention, attention, decode_attention, dot_product_attention
 from ._mask import AttentionMask
-from .kv_cache import KvCache
+from .kv_cache import KvCache, PagedKvCache
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -24,6 +24,7 @@ __all__ = [
     "Attention",
     "AttentionMask",
     "KvCache",
+    "PagedKvCache",
     "attention",
     "decode_attention",
     "dot_product_attention",

@@ -28,7 +28,7 @@ from ponente.namedtensor import Axis, NamedArray
 
 from ._sinks import softmax_with_sinks
 
-__all__ = ["CACHE_POSITION", "KvCache", "cached_attention", "take_positions"]
+__all__ = ["CACHE_POSITION", "KvCache", "PagedKvCache", "cached_attention", "take_positions"]
 
 CACHE_POSITION = "cache_position"
 """The name of the cache's slot axis (one slot per token position, ``0 .. max_len - 1``)."""
@@ -178,6 +178,183 @@ class KvCache(eqx.Module):
         if window is not None:
             allowed = allowed & (slots > pos_ids - window)
         return allowed
+
+
+class PagedKvCache(KvCache):
+    """A key/value cache kept as a pool of fixed-size pages, shared by the rows through a page table.
+
+    The pool holds ``pages`` pages of ``page_size`` token slots each, for every layer: ``keys`` and ``values`` are
+    ``(layers, page, page_position, kv heads..., head_size)``. Row ``b`` owns the pages ``page_table[b, 0]``,
+    ``page_table[b, 1]``, ...: the token at position ``p`` of the row lives at slot ``p % page_size`` of page
+    ``page_table[b, p // page_size]``, so a row takes memory only for the pages its tokens reach, and rows may share
+    pages (a common prompt prefix). Attention reads a row's pages gathered into a contiguous ``cache_position`` axis
+    of ``seq_pages * page_size`` slots (a plain gather), masked up to the query's position exactly as a
+    :class:`KvCache`, so a model decodes over it unchanged.
+
+    ``write_mask`` (over the ``(batch, position)`` of the next tokens) marks the tokens whose keys and values are
+    written: padding tokens of a step (a row with fewer tokens than the step's width, or an idle row) are computed
+    but never stored. Which pages a row owns is the caller's business (e.g. an inference engine's allocator): the
+    table must name a page for every position written or attended to.
+
+    Attributes:
+        keys: the key pool, ``(layers, page, page_position, kv heads..., head_size)`` (or without ``layers``).
+        values: the value pool, like ``keys``.
+        page_table: ``(batch, seq_page)`` int32: the pool page of each page of each row.
+        write_mask: ``(batch, position)`` bool: which of the next tokens to store (None: all).
+
+    Example:
+        >>> import jax.numpy as jnp, ponente.namedtensor as hax
+        >>> Heads, Hd = hax.make_axes(kv_heads=1, head_size=1)
+        >>> cache = PagedKvCache.init((Heads,), Hd, pages=4, page_size=2)
+        >>> table = hax.named(jnp.array([[3, 1]]), ("batch", "seq_page"))  # row 0: positions 0-1 on page 3, 2-3 on 1
+        >>> cache = cache.with_pages(table)
+        >>> k = hax.ones((hax.Axis("batch", 1), hax.Axis("position", 1), Heads, Hd))
+        >>> pos = hax.named(jnp.array([[2]]), ("batch", "position"))
+        >>> cache.update(k, k, pos).layer_keys["kv_heads", 0, "head_size", 0].array.tolist()
+        [[0.0, 0.0, 1.0, 0.0]]
+    """
+
+    page_table: NamedArray | None = None
+    write_mask: NamedArray | None = None
+
+    @staticmethod
+    def init(  # type: ignore[override]
+        Leading: Axis | tuple[Axis, ...],
+        HeadSize: Axis,
+        *,
+        pages: int,
+        page_size: int,
+        dtype: jnp.dtype | type = jnp.float32,
+    ) -> PagedKvCache:
+        """An empty (zero) pool of ``pages`` pages of ``page_size`` slots, without a page table yet.
+
+        Args:
+            Leading: the axes before the page axes, then the heads: e.g. ``(Layers, KVHeads)`` (``layers`` first).
+            HeadSize: the per-head axis (last).
+            pages: the number of pages in the pool.
+            page_size: the token slots of a page.
+            dtype: the dtype of keys and values.
+
+        Raises:
+            ValueError: if ``pages`` or ``page_size`` is below 1.
+        """
+        if pages < 1:
+            raise ValueError(f"PagedKvCache.init: pages must be >= 1, got {pages}")
+        if page_size < 1:
+            raise ValueError(f"PagedKvCache.init: page_size must be >= 1, got {page_size}")
+        leading = (Leading,) if isinstance(Leading, Axis) else tuple(Leading)
+        layers = tuple(ax for ax in leading if ax.name == "layers")
+        heads = tuple(ax for ax in leading if ax.name != "layers")
+        axes = (*layers, Axis("page", pages), Axis("page_position", page_size), *heads, HeadSize)
+        return PagedKvCache(hax.zeros(axes, dtype=dtype), hax.zeros(axes, dtype=dtype))
+
+    @staticmethod
+    def like(template: KvCache, *, pages: int, page_size: int) -> PagedKvCache:
+        """A pool for the layers, heads and dtype of a model's contiguous cache ``template`` (its ``batch`` and
+        ``cache_position`` axes are dropped; e.g. ``model.init_cache(Batch, 1)``, or its ``jax.eval_shape``)."""
+        keys = template.keys
+        leading = tuple(ax for ax in keys.axes if ax.name not in ("batch", CACHE_POSITION))
+        return PagedKvCache.init(leading[:-1], leading[-1], pages=pages, page_size=page_size, dtype=keys.dtype)
+
+    @property
+    def pages(self) -> int:
+        """The number of pages in the pool."""
+        return self.keys.resolve_axis("page").size
+
+    @property
+    def page_size(self) -> int:
+        """The token slots of a page."""
+        return self.keys.resolve_axis("page_position").size
+
+    def with_pages(self, page_table: NamedArray, write_mask: NamedArray | None = None) -> PagedKvCache:
+        """This pool with a page table (``(batch, seq_page)``) and the write mask of the next tokens."""
+        return PagedKvCache(self.keys, self.values, self.layer, False, page_table, write_mask)
+
+    @property
+    def CachePos(self) -> Axis:
+        """The gathered slot axis of a row: ``seq_page * page_size`` slots (0 without a page table)."""
+        seq_pages = 0 if self.page_table is None else self.page_table.resolve_axis("seq_page").size
+        return Axis(CACHE_POSITION, seq_pages * self.page_size)
+
+    def at_layer(self, layer: jax.Array | int | None) -> PagedKvCache:
+        """A view of layer ``layer`` of the stacked pool (None: the whole pool again)."""
+        index = None if layer is None else jnp.asarray(layer, jnp.int32)
+        return PagedKvCache(self.keys, self.values, index, False, self.page_table, self.write_mask)
+
+    def for_prefill(self, prefill: bool = True) -> PagedKvCache:
+        """The same cache: a paged cache always attends over its slots (a prompt runs as chunks over the pages)."""
+        del prefill
+        return self
+
+    def update(self, key: NamedArray, value: NamedArray, pos_ids: NamedArray) -> PagedKvCache:
+        """A copy with ``key`` and ``value`` written at the pages and slots of positions ``pos_ids`` (per row).
+
+        Tokens that :attr:`write_mask` excludes are dropped, as are positions beyond the page table.
+
+        Raises:
+            ValueError: without a page table, or if ``pos_ids`` lacks the ``position`` axis or the table's batch axis.
+        """
+        if self.page_table is None:
+            raise ValueError("PagedKvCache.update: the cache has no page table (see with_pages)")
+        Batch = self.page_table.axes[0]
+        if not pos_ids.has_axis("position") or not pos_ids.has_axis(Batch.name):
+            raise ValueError(
+                f"PagedKvCache.update: pos_ids needs axes ({Batch.name!r}, 'position'), got {pos_ids.axis_names}"
+            )
+        Pos = pos_ids.resolve_axis("position")
+        table = self.page_table.array.astype(jnp.int32)
+        pos = pos_ids.rearrange((Batch, Pos)).array.astype(jnp.int32)
+        page_size, seq_pages = self.page_size, table.shape[1]
+        index = pos // page_size
+        page = jnp.take_along_axis(table, jnp.clip(index, 0, seq_pages - 1), axis=1)
+        keep = (pos >= 0) & (index < seq_pages)
+        if self.write_mask is not None:
+            keep = keep & self.write_mask.rearrange((Batch, Pos)).array
+        page = jnp.where(keep, page, self.pages)  # out of the pool: dropped
+        offset = pos % page_size
+        return PagedKvCache(
+            self._write(self.keys, key, page, offset, Batch, Pos),
+            self._write(self.values, value, page, offset, Batch, Pos),
+            self.layer,
+            False,
+            self.page_table,
+            self.write_mask,
+        )
+
+    def _write(
+        self, pool: NamedArray, new: NamedArray, page: jax.Array, offset: jax.Array, Batch: Axis, Pos: Axis
+    ) -> NamedArray:
+        rest = tuple(ax for ax in pool.axes if ax.name not in ("layers", "page", "page_position"))
+        arr = new.rearrange((Batch, Pos, *rest)).array.astype(pool.dtype)
+        if pool.has_axis("layers"):
+            if self.layer is None:
+                raise ValueError("PagedKvCache.update: a stacked pool is written through a layer view (at_layer)")
+            out = pool.array.at[self.layer, page, offset].set(arr, mode="drop")
+        else:
+            out = pool.array.at[page, offset].set(arr, mode="drop")
+        return NamedArray(out, pool.axes)
+
+    def _gather(self, pool: NamedArray) -> NamedArray:
+        if self.page_table is None:
+            raise ValueError("PagedKvCache: the cache has no page table (see with_pages)")
+        if pool.has_axis("layers"):
+            pool = pool["layers", self.layer] if self.layer is not None else pool
+        rest = tuple(ax for ax in pool.axes if ax.name not in ("page", "page_position"))
+        arr = pool.rearrange(("page", "page_position", *rest)).array
+        Batch = self.page_table.axes[0]
+        rows = arr[self.page_table.array.astype(jnp.int32)]  # (batch, seq_page, page_position, rest...)
+        rows = rows.reshape(Batch.size, self.CachePos.size, *(ax.size for ax in rest))
+        return NamedArray(rows, (Batch, self.CachePos, *rest))
+
+    @property
+    def layer_keys(self) -> NamedArray:
+        """Each row's keys in this layer, gathered from its pages: ``(batch, cache_position, heads..., head_size)``."""
+        return self._gather(self.keys)
+
+    @property
+    def layer_values(self) -> NamedArray:
+        """This layer's values of every row, gathered from its pages (see :attr:`layer_keys`)."""
+        return self._gather(self.values)
 
 
 def take_positions(x: NamedArray, index: NamedArray | None) -> NamedArray:

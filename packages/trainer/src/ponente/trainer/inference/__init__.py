@@ -13,7 +13,9 @@ One engine serves the sampler (``ponente-sample-lm``), the server, the evaluatio
   :class:`Completion`.
 - ``_sampling``: the next token of each row from its logits (per-row settings, per-row PRNG keys).
 - ``_text``: incremental decoding with stop strings (the deltas a stream sends).
-- ``_engine``: :class:`Engine`: buckets, the compiled prefill and decode step, the host loop.
+- ``_paged``: the pages of a paged cache on the host: allocation with reference counts, the prefix cache.
+- ``_engine``: :class:`Engine`: continuous batching over a paged cache (slots, chunked prefill, one compiled step
+  per bucket), or static batches (the compiled prefill and decode steps); the host loop.
 - ``_load``: :func:`load_model` from a Hugging Face folder or a Ponente checkpoint.
 - ``_records``: :func:`read_prompts` from a jsonl file, :func:`complete_records`, :func:`write_records`.
 """

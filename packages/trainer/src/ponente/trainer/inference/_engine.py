@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -14,10 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import ponente.namedtensor as hax
+from ponente.models import KvCache, PagedKvCache
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.partitioning import ResourceMapping, named_jit
 
 from ._config import Completion, FinishReason, GenerationConfig
+from ._paged import PagePool, prefix_hashes
 from ._sampling import SamplingParams, sample_next
 from ._text import TextStream, encode
 
@@ -32,6 +36,17 @@ _MIN_PREFILL = 8
 """The shortest prefill bucket: shorter prompts are padded to it (fewer compilations for tiny prompts)."""
 
 _STEPS_PER_CALL = 8
+_GREEDY = GenerationConfig()
+"""The settings of a padding row."""
+
+_MIN_ROWS = 8
+"""Continuous batching: the fewest token rows a step runs (fewer buckets for a batch of a few requests)."""
+
+_MIN_GATHER = 64
+"""Continuous batching: the fewest cache slots a step gathers per row (fewer page buckets for short sequences)."""
+
+CACHE_POSITION = "cache_position"
+"""The slot axis of a model's contiguous cache (dropped from a page pool)."""
 """How many decode steps one compiled call runs by default (see ``Engine``'s ``steps_per_call``)."""
 
 
@@ -73,13 +88,34 @@ class Engine:
         vocab_size: the number of real token ids; ids at or above it get probability 0 (None: the tokenizer's
             size, counting added tokens, when there is a tokenizer; else the model's real ``vocab_size``, else
             its whole vocabulary axis).
-        steps_per_call: the most decode steps one compiled call runs before the host reads their tokens (fewer
-            host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its end, and streamed
-            tokens arrive in groups of this size).
+        steps_per_call: static batches only: the most decode steps one compiled call runs before the host reads
+            their tokens (fewer host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its
+            end, and streamed tokens arrive in groups of this size).
+        continuous: True: continuous batching over a paged cache (see below); False: static batches, each with a
+            contiguous cache; None: continuous whenever the model's cache can be paged (every decoder-only family
+            but DeepSeek-V3, whose latent cache cannot).
+        page_size: continuous batching: the token slots of a cache page.
+        max_pages: continuous batching: the pages of the pool (None: ``kv_cache_bytes``, else enough for
+            ``max_batch_size`` sequences of ``max_seq_len`` tokens).
+        kv_cache_bytes: continuous batching: size the pool by memory instead (keys and values of every layer).
+        prefill_chunk: continuous batching: the most prompt tokens fed per step, all slots together (longer
+            prompts run as several chunks, while the other sequences keep decoding).
+        prefix_caching: continuous batching: keep the full pages of prompts and reuse them for later prompts with
+            the same prefix (reference-counted; unreferenced ones are evicted, least recently used first).
+
+    Continuous batching (the default): a fixed number of slots (``max_batch_size``) share a pool of cache pages.
+    Every step runs one compiled call in which each busy slot feeds either its last generated token or its next
+    chunk of prompt tokens (``prefill_chunk`` prompt tokens per step, shared by the slots still in their prompts);
+    a request joins at the next step after it arrives and leaves as soon as it ends, and it
+    takes pages only as its tokens reach them (when the pool runs out, the youngest sequence gives its pages back
+    and later recomputes them). Programs compile once per (tokens per step, pages per slot) bucket, both powers of two.
+    A request's greedy tokens do not depend on the other requests, and its sampled tokens depend only on its seed.
 
     Raises:
         ValueError: for ``max_batch_size < 1``, ``max_seq_len < 2``, ``vocab_size`` outside ``[1, vocabulary
-            axis size]`` or ``steps_per_call < 1``.
+            axis size]``, ``steps_per_call < 1``, ``page_size < 1``, ``prefill_chunk < 1``, ``max_pages < 1``,
+            both ``max_pages`` and ``kv_cache_bytes``, or ``continuous=True`` for a model whose cache cannot be
+            paged.
 
     Example:
         >>> engine = Engine(model, tokenizer, max_batch_size=4)  # doctest: +SKIP
@@ -101,7 +137,23 @@ class Engine:
         cache_dtype: Any = None,
         vocab_size: int | None = None,
         steps_per_call: int = _STEPS_PER_CALL,
+        continuous: bool | None = None,
+        page_size: int = 16,
+        max_pages: int | None = None,
+        kv_cache_bytes: int | None = None,
+        prefill_chunk: int = 32,
+        prefix_caching: bool = True,
     ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size: must be >= 1, got {page_size}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk: must be >= 1, got {prefill_chunk}")
+        if max_pages is not None and kv_cache_bytes is not None:
+            raise ValueError("max_pages, kv_cache_bytes: give one of them (both size the page pool)")
+        if max_pages is not None and max_pages < 1:
+            raise ValueError(f"max_pages: must be >= 1, got {max_pages}")
+        if kv_cache_bytes is not None and kv_cache_bytes < 1:
+            raise ValueError(f"kv_cache_bytes: must be >= 1, got {kv_cache_bytes}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if steps_per_call < 1:
@@ -126,14 +178,52 @@ class Engine:
         self.vocab_size = _real_vocab_size(model, tokenizer, vocab_size)
         self.weights_version = 0
         """How many times :meth:`update_weights` replaced the weights (0: the weights the engine was built with)."""
+        self.page_size = page_size
+        self.prefill_chunk = prefill_chunk
+        self.prefix_caching = prefix_caching
+        template = jax.eval_shape(lambda: model.init_cache(Axis("batch", 1), 1, dtype=cache_dtype))
+        pageable = (
+            type(template) is KvCache
+            and template.keys.axes == template.values.axes
+            and {"batch", CACHE_POSITION} <= set(template.keys.axis_names)
+        )
+        if continuous and not pageable:
+            raise ValueError(
+                f"continuous: {type(model).__name__}'s cache cannot be paged (use continuous=False, static batches)"
+            )
+        self.continuous = pageable if continuous is None else bool(continuous)
+        """Whether requests run in a continuous batch over a paged cache (else static batches, one cache each)."""
+        self._batch: _ContinuousBatch | None = None
+        self.max_pages = 0
+        """The pages of the pool (continuous batching; 0 otherwise)."""
+        if self.continuous:
+            pages_per_seq = -(-self.max_seq_len // page_size)
+            keys = template.keys
+            per_token = (
+                2
+                * keys.dtype.itemsize
+                * math.prod(ax.size for ax in keys.axes if ax.name not in ("batch", CACHE_POSITION))
+            )
+            self.kv_bytes_per_token = per_token
+            """Bytes of keys and values one token takes in the cache (every layer)."""
+            if kv_cache_bytes is not None:
+                max_pages = kv_cache_bytes // (per_token * page_size)
+                if max_pages < 1:
+                    raise ValueError(
+                        f"kv_cache_bytes: {kv_cache_bytes} bytes hold no page of {page_size} tokens "
+                        f"({per_token * page_size} bytes)"
+                    )
+            self.max_pages = int(max_pages if max_pages is not None else max_batch_size * pages_per_seq)
+            self._batch = _ContinuousBatch(self, template)
 
     def update_weights(self, model: Any) -> None:
         """Replace the weights of this engine by ``model``'s, without compiling anything again.
 
         ``model`` must have the engine model's structure (configuration and parameter names), shapes and
         dtypes; its arrays are placed like the current ones (same devices and shardings), so the compiled prefill
-        and decode programs are reused. A batch already running finishes on the weights it started with; the
-        next batch uses the new ones. Safe to call from another thread than the one generating.
+        and decode programs are reused. A static batch already running finishes on the weights it started with;
+        in a continuous batch, the next step uses the new weights (requests in flight keep the keys and values
+        they have cached). The prefix cache is reset. Safe to call from another thread than the one generating.
 
         Args:
             model: the new model (e.g. the trainer's current model, or one loaded from a folder).
@@ -173,8 +263,27 @@ class Engine:
             ]
             arrays = jax.tree_util.tree_unflatten(new_def, placed)
             model = eqx.combine(arrays, eqx.filter(model, eqx.is_array, inverse=True))
-        self.model = model  # one reference swap: a running batch holds the old model
+        self.model = model  # one reference swap: a running static batch holds the old model
         self.weights_version += 1
+        self.reset_prefix_cache()  # cached pages hold keys and values of the old weights
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached prompt prefixes (pages still used by running requests stay theirs until they end).
+
+        Takes effect before the next step of the continuous batch; a no-op for static batches.
+        """
+        if self._batch is not None:
+            self._batch.reset_prefix_cache()
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Cache pages reused from the prefix cache so far (``page_size`` prompt tokens not prefilled each)."""
+        return 0 if self._batch is None else self._batch.pool.hits
+
+    @property
+    def kv_pages_in_use(self) -> int:
+        """Cache pages referenced by running requests now (continuous batching; 0 otherwise)."""
+        return 0 if self._batch is None else self._batch.pool.in_use
 
     @classmethod
     def data_parallel(cls, model: Any, tokenizer: Any = None, **kwargs: Any) -> Engine:
@@ -243,6 +352,16 @@ class Engine:
             if len(ids) >= self.max_seq_len:
                 raise ValueError(f"prompts[{i}]: {len(ids)} tokens; the engine's max_seq_len is {self.max_seq_len}")
             encoded.append(ids)
+        if self._batch is not None:
+            seqs = [
+                self._sequence(f"prompts[{i}]", ids, c, i, on_token, None, None)
+                for i, (ids, c) in enumerate(zip(encoded, configs, strict=True))
+            ]
+            for seq in seqs:
+                self._batch.submit(seq)
+            while any(seq.completion is None for seq in seqs):
+                self._batch.step()
+            return [cast(Completion, seq.completion) for seq in seqs]
         results: list[Completion | None] = [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
         for start in range(0, len(order), self.max_batch_size):
@@ -251,6 +370,86 @@ class Engine:
             for i, completion in zip(chunk, done, strict=True):
                 results[i] = completion
         return [r for r in results if r is not None]
+
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        on_done: Callable[[Completion], None],
+        on_token: TokenCallback | None = None,
+        cancelled: threading.Event | None = None,
+        index: int = 0,
+    ) -> None:
+        """Queue one request on the continuous batch; it joins the running sequences at the next :meth:`step`.
+
+        Whoever drives the batch calls :meth:`step` while :attr:`busy` (e.g. the server's scheduler thread);
+        ``on_token(index, ...)`` and then ``on_done(completion)`` are called from inside :meth:`step`. When
+        ``cancelled`` is set, the request leaves at the next step (``on_done`` still gets what it generated).
+
+        Raises:
+            ValueError: for static batches (``continuous=False``), or a prompt :meth:`generate` refuses.
+        """
+        if self._batch is None:
+            raise ValueError("submit: needs continuous batching (Engine(..., continuous=True))")
+        config = config or GenerationConfig()
+        if self.tokenizer is None and config.stop_strings:
+            raise ValueError("stop_strings: need a tokenizer (Engine(model, tokenizer))")
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("prompt: empty (a prompt needs at least one token)")
+        if len(ids) >= self.max_seq_len:
+            raise ValueError(f"prompt: {len(ids)} tokens; the engine's max_seq_len is {self.max_seq_len}")
+        self._batch.submit(self._sequence("prompt", ids, config, index, on_token, on_done, cancelled))
+
+    def step(self) -> None:
+        """Run one step of the continuous batch (admit waiting requests, feed every busy slot, sample)."""
+        if self._batch is not None:
+            self._batch.step()
+
+    def abort(self) -> None:
+        """Drop every request of the continuous batch (running or waiting), without calling their callbacks."""
+        if self._batch is not None:
+            self._batch.abort()
+
+    @property
+    def waiting(self) -> int:
+        """Requests of the continuous batch waiting for a slot (0 for static batches)."""
+        return 0 if self._batch is None else len(self._batch._waiting)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the continuous batch has requests running or waiting."""
+        return self._batch is not None and self._batch.busy
+
+    def _sequence(
+        self,
+        name: str,
+        ids: list[int],
+        config: GenerationConfig,
+        index: int,
+        on_token: TokenCallback | None,
+        on_done: Callable[[Completion], None] | None,
+        cancelled: threading.Event | None,
+    ) -> _Sequence:
+        budget = min(config.max_new_tokens, self.max_seq_len - len(ids))
+        pages = -(-(len(ids) + budget) // self.page_size)
+        if pages > self.max_pages:
+            raise ValueError(
+                f"{name}: {len(ids)} tokens and {budget} new ones need {pages} cache pages; the pool has "
+                f"max_pages={self.max_pages}"
+            )
+        return _Sequence(
+            index=index,
+            prompt=ids,
+            config=config,
+            budget=budget,
+            stream=TextStream(self.tokenizer, config.stop_strings),
+            on_token=on_token,
+            on_done=on_done,
+            cancelled=cancelled,
+            hashes=prefix_hashes(ids, self.page_size) if self.prefix_caching else [],
+        )
 
     @contextlib.contextmanager
     def _on_mesh(self) -> Iterator[None]:
@@ -358,6 +557,343 @@ class Engine:
             )
             for r in range(n)
         ]
+
+
+@dataclasses.dataclass(eq=False)
+class _Sequence:
+    """One request in the continuous batch (host state)."""
+
+    index: int
+    prompt: list[int]
+    config: GenerationConfig
+    budget: int
+    stream: TextStream
+    on_token: TokenCallback | None
+    on_done: Callable[[Completion], None] | None
+    cancelled: threading.Event | None
+    hashes: list[int]
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish: FinishReason | None = None
+    pages: list[int] = dataclasses.field(default_factory=list)
+    cached: int = 0  # positions whose keys and values are in ``pages``
+    registered: int = 0  # leading prompt pages offered to the prefix cache
+    admitted: int = -1  # admission order (the youngest is preempted first)
+    completion: Completion | None = None
+
+    def token_at(self, start: int, stop: int) -> list[int]:
+        n = len(self.prompt)
+        if stop <= n:
+            return self.prompt[start:stop]
+        return (self.prompt + self.tokens)[start:stop]
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.tokens)
+
+
+class _ContinuousBatch:
+    """The host side of continuous batching: slots, pages, the prefix cache and one compiled step per bucket.
+
+    Each :meth:`step` feeds every busy slot either its last generated token or (oldest first, ``prefill_chunk``
+    prompt tokens per step in all) its next chunk of prompt tokens, in one compiled call whose rows are the tokens
+    fed (a power of two, at least 8) over the pages their slots own (``seq_page``: the power of two holding the
+    most pages a slot owns, at least 64 tokens' worth); slots that finished their prompt sample their next token.
+    Waiting sequences take free slots between steps, finished ones leave.
+    """
+
+    def __init__(self, engine: Engine, template: Any) -> None:
+        self.engine = engine
+        self.page_size = engine.page_size
+        self.pages_per_seq = -(-engine.max_seq_len // self.page_size)
+        self.slots = math.ceil(engine.max_batch_size / engine._batch_shards) * engine._batch_shards
+        self.pool = PagePool(engine.max_pages, prefix_caching=engine.prefix_caching)
+        self.template = template
+        self._kv: Any = None  # the device pool, made at the first step
+        self._slot: list[_Sequence | None] = [None] * self.slots
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._lock = threading.Lock()  # guards _waiting and the reset flag (submit may come from other threads)
+        self._step_lock = threading.Lock()  # one step at a time
+        self._reset_requested = False
+        self._keys: dict[int, np.ndarray] = {}  # seed -> raw PRNG key
+        self._admitted = 0
+        self.steps = 0
+        """Compiled steps run so far."""
+        self.peak_pages = 0
+        """The most pages referenced at once so far."""
+        self.page_token_steps = 0
+        """Sum over steps of the page slots held (pages in use x ``page_size``): with :attr:`cached_token_steps`, the
+        time-averaged cache slots per token in flight."""
+        self.cached_token_steps = 0
+        """Sum over steps of the tokens whose keys and values are cached (prompt and generated, all sequences)."""
+        self.preemptions = 0
+        """Sequences that gave their pages back to let older ones go on (they recompute them later)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether a sequence is running or waiting."""
+        return bool(self._waiting) or any(s is not None for s in self._slot)
+
+    def submit(self, seq: _Sequence) -> None:
+        with self._lock:
+            self._waiting.append(seq)
+
+    def abort(self) -> None:
+        with self._step_lock, self._lock:
+            for slot, seq in enumerate(self._slot):
+                if seq is not None:
+                    for page in seq.pages:
+                        self.pool.release(page)
+                    self._slot[slot] = None
+            self._waiting.clear()
+            self._kv = None  # a failed step may have consumed the donated pool
+            self.pool = PagePool(self.engine.max_pages, prefix_caching=self.engine.prefix_caching)
+
+    def reset_prefix_cache(self) -> None:
+        with self._lock:
+            self._reset_requested = True
+
+    def _device_pool(self) -> Any:
+        if self._kv is None:
+            with self.engine._on_mesh():
+                keys = self.template.keys
+                axes = tuple(ax for ax in keys.axes if ax.name not in ("batch", CACHE_POSITION))
+                self._kv = _NEW_POOL(axes[:-1], axes[-1], keys.dtype, self.engine.max_pages, self.page_size)
+        return self._kv
+
+    def _finish(self, slot: int | None, seq: _Sequence) -> None:
+        for page in seq.pages:
+            self.pool.release(page)
+        seq.pages = []
+        if slot is not None:
+            self._slot[slot] = None
+        seq.completion = Completion(
+            prompt_tokens=list(seq.prompt),
+            tokens=seq.tokens,
+            text=seq.stream.text,
+            logprobs=seq.logprobs if seq.config.logprobs else None,
+            finish_reason=seq.finish or "length",
+        )
+        if seq.on_done is not None:
+            seq.on_done(seq.completion)
+
+    def _preempt(self, slot: int) -> None:
+        """Give a running sequence's pages back and queue it first: it recomputes its tokens when it returns."""
+        seq = self._slot[slot]
+        assert seq is not None
+        for page in seq.pages:
+            self.pool.release(page)
+        seq.pages, seq.cached, seq.registered = [], 0, 0
+        self._slot[slot] = None
+        self.preemptions += 1
+        with self._lock:
+            self._waiting.appendleft(seq)
+
+    def _admit(self) -> None:
+        with self._lock:
+            if self._reset_requested:
+                self.pool.reset_prefix_cache()
+                self._reset_requested = False
+            while self._waiting and None in self._slot:
+                seq = self._waiting[0]
+                if seq.cancelled is not None and seq.cancelled.is_set():
+                    self._waiting.popleft()
+                    seq.finish = seq.finish or "length"
+                    self._finish(None, seq)
+                    continue
+                # pages of the prompt's prefix already cached (never its last token: its logits are needed)
+                usable = min(len(seq.hashes), (seq.length - 1) // self.page_size)
+                first = min(seq.length, self.engine.prefill_chunk)
+                if self.pool.available < -(-first // self.page_size):
+                    break
+                self._waiting.popleft()
+                seq.pages = self.pool.lookup(seq.hashes[:usable])
+                seq.cached = len(seq.pages) * self.page_size
+                seq.registered = len(seq.pages)
+                if seq.admitted < 0:  # a preempted sequence keeps its age (it does not become the next victim)
+                    seq.admitted = self._admitted
+                    self._admitted += 1
+                self._slot[self._slot.index(None)] = seq
+
+    def _plan(self) -> dict[int, int]:
+        """How many tokens each busy slot feeds this step, with the pages they need allocated.
+
+        Oldest first: a decoding slot feeds its last token; slots still in their prompt share ``prefill_chunk``
+        prompt tokens (a slot left without any waits for the next step). When the pool runs out, the youngest
+        sequence is preempted.
+        """
+        feeds: dict[int, int] = {}
+        busy = {s: seq for s, seq in enumerate(self._slot) if seq is not None}
+        budget = self.engine.prefill_chunk
+        for slot in sorted(busy, key=lambda s: busy[s].admitted):
+            seq = self._slot[slot]
+            if seq is None:  # preempted by an older one
+                continue
+            if seq.cancelled is not None and seq.cancelled.is_set():
+                seq.finish = seq.finish or "length"
+                self._finish(slot, seq)
+                continue
+            left = seq.length - seq.cached
+            n = 1 if left == 1 else min(left, budget)
+            if n < 1:
+                continue
+            needed = (seq.cached + n - 1) // self.page_size + 1
+            while len(seq.pages) < needed:
+                page = self.pool.allocate()
+                if page is not None:
+                    seq.pages.append(page)
+                    continue
+                victims = [s for s, other in enumerate(self._slot) if other is not None and s not in feeds]
+                victim = max(victims, key=lambda s: cast(_Sequence, self._slot[s]).admitted)
+                self._preempt(victim)
+                if victim == slot:
+                    break
+            if self._slot[slot] is seq:
+                feeds[slot] = n
+                if left > 1:
+                    budget -= n
+        self.peak_pages = max(self.peak_pages, self.pool.in_use)
+        return feeds
+
+    def step(self) -> None:
+        """Admit waiting sequences, run one compiled step over the busy slots, and hand out the sampled tokens.
+
+        The step's rows are tokens, not slots: every token fed (a decoding slot's last one, a prompt chunk's) is
+        one row with its own position and its slot's page table, so a step costs the tokens it feeds. Each row
+        writes its keys and values into its slot's pages before any row attends, so a prompt chunk's tokens see
+        each other (causally, by position) as well as the pages cached before.
+        """
+        with self._step_lock:
+            self._admit()
+            feeds = self._plan()
+            if not feeds:
+                return
+            total = sum(feeds.values())
+            rows = max(_pow2(total), _MIN_ROWS)
+            rows = math.ceil(rows / self.engine._batch_shards) * self.engine._batch_shards
+            most_pages = max(len(cast(_Sequence, self._slot[s]).pages) for s in feeds)
+            seq_pages = min(max(_pow2(most_pages), _MIN_GATHER // self.page_size), self.pages_per_seq)
+            tokens = np.zeros((rows, 1), np.int32)
+            pos = np.zeros((rows, 1), np.int32)
+            write = np.zeros((rows, 1), bool)
+            table = np.zeros((rows, seq_pages), np.int32)
+            steps = np.zeros((rows,), np.int32)
+            configs: list[GenerationConfig | None] = [None] * rows
+            sample_row: dict[int, int] = {}  # slot -> the row whose logits give its next token
+            row = 0
+            for slot, n in feeds.items():
+                seq = self._slot[slot]
+                assert seq is not None
+                tokens[row : row + n, 0] = seq.token_at(seq.cached, seq.cached + n)
+                pos[row : row + n, 0] = np.arange(seq.cached, seq.cached + n)
+                write[row : row + n, 0] = True
+                table[row : row + n, : len(seq.pages)] = seq.pages
+                steps[row + n - 1] = len(seq.tokens)
+                configs[row + n - 1] = seq.config
+                sample_row[slot] = row + n - 1
+                row += n
+            Batch, Pos = Axis("batch", rows), Axis("position", 1)
+            with self.engine._on_mesh():
+                self._kv, new_tokens, new_logprobs = _PAGED_STEP(
+                    self.engine.model,
+                    self._device_pool(),
+                    hax.named(jnp.asarray(tokens), (Batch, Pos)),
+                    hax.named(jnp.asarray(pos), (Batch, Pos)),
+                    hax.named(jnp.asarray(write), (Batch, Pos)),
+                    hax.named(jnp.asarray(table), (Batch, Axis("seq_page", seq_pages))),
+                    jnp.zeros((rows,), jnp.int32),
+                    self._params(configs),
+                    jnp.asarray(steps),
+                    self.engine.vocab_size,
+                )
+            self.steps += 1
+            self.page_token_steps += self.pool.in_use * self.page_size
+            self.cached_token_steps += sum(cast(_Sequence, self._slot[s]).cached + n for s, n in feeds.items()) + sum(
+                seq.cached for s, seq in enumerate(self._slot) if seq is not None and s not in feeds
+            )
+            host_tokens, host_logprobs = (np.asarray(a) for a in jax.device_get((new_tokens, new_logprobs)))
+            for slot, n in feeds.items():
+                seq = self._slot[slot]
+                assert seq is not None
+                seq.cached += n
+                full = min(seq.cached, len(seq.prompt)) // self.page_size
+                while seq.registered < min(full, len(seq.hashes)):
+                    self.pool.register(seq.hashes[seq.registered], seq.pages[seq.registered])
+                    seq.registered += 1
+                if seq.cached < seq.length:
+                    continue  # the prompt goes on in the next step
+                r = sample_row[slot]
+                self._take(seq, int(host_tokens[r]), float(host_logprobs[r]))
+                if seq.finish is not None:
+                    self._finish(slot, seq)
+
+    def _params(self, configs: list[GenerationConfig | None]) -> SamplingParams:
+        """The rows' sampling settings, built on the host (each config's PRNG key computed once, not per step)."""
+        rows = [c or _GREEDY for c in configs]
+        keys = np.stack([self._key(c.seed) for c in rows])
+        return SamplingParams(
+            temperature=np.asarray([c.temperature for c in rows], np.float32),  # type: ignore[arg-type]
+            top_k=np.asarray([c.top_k or 0 for c in rows], np.int32),  # type: ignore[arg-type]
+            top_p=np.asarray([c.top_p or 1.0 for c in rows], np.float32),  # type: ignore[arg-type]
+            keys=keys,  # type: ignore[arg-type]
+            filtered=any(c.top_k is not None or c.top_p is not None for c in rows),
+            greedy=False,  # one program whether or not a sampled request runs (greedy rows ignore the draw)
+        )
+
+    def _key(self, seed: int) -> np.ndarray:
+        key = self._keys.get(seed)
+        if key is None:
+            key = self._keys[seed] = np.asarray(jax.random.PRNGKey(seed), np.uint32)
+            if len(self._keys) > 4096:
+                self._keys.pop(next(iter(self._keys)))
+        return key
+
+    def _take(self, seq: _Sequence, token: int, logprob: float) -> None:
+        seq.tokens.append(token)
+        seq.logprobs.append(logprob)
+        is_stop_token = token in seq.config.stop_token_ids
+        last = is_stop_token or len(seq.tokens) >= seq.budget
+        delta = seq.stream.push(None if is_stop_token else token, final=last)
+        if is_stop_token or seq.stream.stopped:
+            seq.finish = "stop"
+        elif last:
+            seq.finish = "length"
+        if seq.on_token is not None and not (seq.cancelled is not None and seq.cancelled.is_set()):
+            seq.on_token(seq.index, token, delta, logprob)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _new_pool(leading: tuple[Axis, ...], HeadSize: Axis, dtype: Any, pages: int, page_size: int) -> Any:
+    """The zero page pool of a model (compiled, so a mesh places it sharded)."""
+    return hax.auto_sharded(PagedKvCache.init(leading, HeadSize, pages=pages, page_size=page_size, dtype=dtype))
+
+
+def _paged_step(
+    model: Any,
+    pool: Any,
+    tokens: NamedArray,
+    pos_ids: NamedArray,
+    write: NamedArray,
+    table: NamedArray,
+    last: jax.Array,
+    params: SamplingParams,
+    steps: jax.Array,
+    vocab_size: int,
+) -> tuple[Any, jax.Array, jax.Array]:
+    """One step of the continuous batch: each row's tokens over its pages, then a token sampled at its last one."""
+    Batch = tokens.resolve_axis("batch")
+    cache = pool.with_pages(table, write)
+    logits, cache = model.decode(tokens, cache, pos_ids, logits_at=hax.named(last, Batch))
+    final = logits.rearrange((Batch, model.Vocab)).array
+    new_tokens, logprobs = sample_next(_only_real_ids(final, vocab_size), params, steps)
+    return PagedKvCache(cache.keys, cache.values), new_tokens, logprobs
+
+
+_NEW_POOL = named_jit(_new_pool)
+_PAGED_STEP = named_jit(_paged_step, donate_args=(False, True, False, False, False, False, False, False, False, False))
 
 
 def _per_prompt(config: GenerationConfig | Sequence[GenerationConfig] | None, n: int) -> list[GenerationConfig]:

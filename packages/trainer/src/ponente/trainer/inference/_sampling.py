@@ -80,10 +80,10 @@ def sample_next(logits: jax.Array, params: SamplingParams, steps: jax.Array) -> 
         temperature = jnp.where(params.temperature > 0, params.temperature, 1.0)
         scores = logits / temperature[:, None]
         keys = jax.vmap(jax.random.fold_in)(params.keys, steps)
-        if params.filtered:
-            drawn = _sample_filtered(scores, params, keys)
-        else:
-            drawn = jax.vmap(jax.random.categorical)(keys, scores).astype(jnp.int32)
+        drawn = jax.vmap(jax.random.categorical)(keys, scores).astype(jnp.int32)
+        if params.filtered:  # rows without top_k/top_p keep the plain draw: a row's token ignores the other rows
+            row_filtered = (params.top_k > 0) | (params.top_p < 1)
+            drawn = jnp.where(row_filtered, _sample_filtered(scores, params, keys), drawn)
         tokens = jnp.where(params.temperature > 0, drawn, best)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]

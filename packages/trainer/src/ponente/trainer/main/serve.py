@@ -65,6 +65,13 @@ def build_app(config: ServeConfig) -> Any:
         max_pending=config.max_pending,
         max_tokenizations=config.max_tokenizations,
         docs=config.docs,
+        engine_options={
+            "continuous": config.continuous,
+            "page_size": config.page_size,
+            "max_pages": config.max_pages,
+            "prefill_chunk": config.prefill_chunk,
+            "prefix_caching": config.prefix_caching,
+        },
         api_key=config.api_key if config.api_key is not None else os.environ.get(API_KEY_ENV) or None,
     )
 

@@ -19,6 +19,8 @@ What one client cannot do to the others:
 scheduler's thread has died. ``POST /v1/update_weights`` (``{"path": ...}``: a Hugging Face folder or a Ponente
 checkpoint) swaps the engine's weights in place (:meth:`~ponente.trainer.inference.Engine.update_weights`: nothing is
 compiled again); a folder of another shape is a 400 naming the difference, and the old weights stay.
+``POST /v1/reset_prefix_cache`` makes the engine forget its cached prompt prefixes
+(:meth:`~ponente.trainer.inference.Engine.reset_prefix_cache`). Both need the API key when the server has one.
 """
 
 import asyncio
@@ -254,6 +256,15 @@ def create_app(
             version = await run_in_threadpool(_update_weights, served, path)
         logger.info("weights replaced by %s (version %d)", path, version)
         return JSONResponse({"status": "ok", "path": path, "weights_version": version})
+
+    @app.post("/v1/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> Response:
+        authorize(request)
+        reset = getattr(served.engine, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+        logger.info("prefix cache reset")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

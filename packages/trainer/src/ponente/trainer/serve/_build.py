@@ -33,6 +33,7 @@ def app_for_model(
     api_key: str | None = None,
     max_tokenizations: int = 4,
     docs: bool = False,
+    engine_options: dict[str, Any] | None = None,
 ) -> Any:
     """The app serving ``model``: its :class:`~ponente.trainer.inference.Engine`, stop ids, chat template, limits.
 
@@ -53,6 +54,8 @@ def app_for_model(
         api_key: require ``Authorization: Bearer <api_key>`` (None: no key).
         max_tokenizations: requests tokenized at the same time, at most.
         docs: serve ``/docs``, ``/redoc`` and ``/openapi.json``.
+        engine_options: more arguments of the :class:`~ponente.trainer.inference.Engine` (``continuous``,
+            ``page_size``, ``max_pages``, ``prefill_chunk``, ``prefix_caching``, ...).
 
     Returns:
         The FastAPI app (:func:`create_app`).
@@ -62,7 +65,7 @@ def app_for_model(
     """
     from ponente.trainer.inference import Engine
 
-    engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+    engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len, **(engine_options or {}))
     stops = stop_token_ids(tokenizer, folder, eos_ids=eos_ids, stop_tokens=stop_tokens)
     template = ChatTemplate.load(tokenizer, folder, chat_template)
     if template is None:

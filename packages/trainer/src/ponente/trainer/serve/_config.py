@@ -36,6 +36,14 @@ class ServeConfig:
         max_pending: requests waiting for a batch, at most (429 beyond).
         max_tokenizations: requests tokenized at the same time, at most (the others wait).
         max_connections: open connections at most (uvicorn answers 503 beyond).
+        continuous: continuous batching over a paged cache (None: whenever the model's cache can be paged; False:
+            static batches).
+        page_size: continuous batching: tokens per cache page.
+        max_pages: continuous batching: pages in the pool (None: enough for ``max_batch_size`` sequences of
+            ``max_seq_len`` tokens).
+        prefill_chunk: continuous batching: the most prompt tokens a request feeds per step.
+        prefix_caching: continuous batching: reuse the cache pages of shared prompt prefixes
+            (``POST /v1/reset_prefix_cache`` forgets them).
         docs: serve the OpenAPI pages (``/docs``, ``/redoc``, ``/openapi.json``); off by default.
         log_level: uvicorn's log level.
         context_axis_size: refused unless 1: context parallelism (``trainer.context_axis_size``) splits training
@@ -60,6 +68,11 @@ class ServeConfig:
     max_pending: int = 256
     max_tokenizations: int = 4
     max_connections: int = 512
+    continuous: bool | None = None
+    page_size: int = 16
+    max_pages: int | None = None
+    prefill_chunk: int = 32
+    prefix_caching: bool = True
     docs: bool = False
     log_level: str = "info"
     context_axis_size: int = 1
@@ -79,9 +92,13 @@ class ServeConfig:
             "max_pending",
             "max_tokenizations",
             "max_connections",
+            "page_size",
+            "prefill_chunk",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_pages is not None and self.max_pages < 1:
+            raise ValueError(f"max_pages: must be >= 1, got {self.max_pages}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
 

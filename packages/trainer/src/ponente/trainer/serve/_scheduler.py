@@ -1,5 +1,10 @@
 """The batching scheduler: one background thread feeds queued requests to the engine, several at a time.
 
+With a continuous-batching engine (``engine.continuous``), the thread hands each request to the engine's running
+batch as soon as it arrives (:meth:`~ponente.trainer.inference.Engine.submit`) and steps the batch while it has
+work: a request joins at the next step and leaves when it ends, whatever the others do. If a step fails, the
+requests in the batch fail with its error and the thread carries on. Otherwise (static batches):
+
 Requests wait in a queue. Whenever the engine is free, the scheduler takes the waiting requests in order of
 arrival, up to the engine's batch size, and runs them as one ``Engine.generate`` call, each prompt with its own
 request's ``GenerationConfig`` (the engine samples each row from its own seed, so a request's completion does not
@@ -114,8 +119,12 @@ class BatchScheduler:
 
     @property
     def pending(self) -> int:
-        """Jobs waiting for a batch."""
-        return len(self._pending)
+        """Jobs waiting for a batch (continuous batching: also the prompts waiting for a slot of the engine)."""
+        return len(self._pending) + int(getattr(self.engine, "waiting", 0) if self._continuous else 0)
+
+    @property
+    def _continuous(self) -> bool:
+        return bool(getattr(self.engine, "continuous", False))
 
     def submit(self, job: Job) -> None:
         """Queue a job.
@@ -131,8 +140,8 @@ class BatchScheduler:
             if self._stopping or not self.alive:
                 cause = "" if self.error is None else f" (it failed: {type(self.error).__name__}: {self.error})"
                 raise RuntimeError(f"the scheduler is not running{cause}")
-            if len(self._pending) >= self.max_pending:
-                raise QueueFullError(f"{len(self._pending)} requests are already waiting; try again later")
+            if self.pending >= self.max_pending:
+                raise QueueFullError(f"{self.pending} requests are already waiting; try again later")
             self._pending.append(job)
             self._cond.notify()
 
@@ -149,6 +158,9 @@ class BatchScheduler:
                 _call(job.on_done, RuntimeError(f"the scheduler failed: {type(exc).__name__}: {exc}"))
 
     def _serve_jobs(self) -> None:
+        if self._continuous:
+            self._serve_continuous()
+            return
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
@@ -160,6 +172,68 @@ class BatchScheduler:
             batch = self._take()
             if batch:
                 self._run(batch)
+
+    def _serve_continuous(self) -> None:
+        """Feed jobs into the engine's running batch as they arrive, and step it while it has work."""
+        engine = self.engine
+        running: dict[int, Job] = {}
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping and not engine.busy:
+                    self._cond.wait()
+                if self._stopping and not engine.busy:
+                    return
+                jobs = [job for job in self._pending if not job.cancelled.is_set()]
+                self._pending.clear()
+            for job in jobs:
+                self._start(job, running)
+            if not engine.busy:
+                continue
+            self.batch_sizes.append(len(running))
+            try:
+                engine.step()
+            except Exception as exc:
+                logger.exception("a step of the continuous batch failed; its %d requests fail", len(running))
+                engine.abort()
+                failed = list(running.values())
+                running.clear()
+                for job in failed:
+                    _call(job.on_done, exc)
+
+    def _start(self, job: Job, running: dict[int, Job]) -> None:
+        """Submit a job's prompts to the continuous batch; ``on_done`` gets the completions once all are done."""
+        results: list[Any] = [None] * len(job.prompts)
+        left = [len(job.prompts)]
+
+        def on_token(i: int, token: int, delta: str, logprob: float | None) -> None:
+            if job.on_token is not None and not job.cancelled.is_set():
+                try:
+                    job.on_token(i, token, delta, logprob)
+                except Exception:  # a broken consumer must not stop the batch
+                    logger.exception("streaming callback failed; the request's tokens are dropped")
+                    job.cancelled.set()
+
+        def on_done(i: int, completion: Any) -> None:
+            results[i] = completion
+            left[0] -= 1
+            if left[0] == 0 and running.pop(id(job), None) is not None:
+                _call(job.on_done, results)
+
+        running[id(job)] = job
+        try:
+            for i, prompt in enumerate(job.prompts):
+                self.engine.submit(
+                    list(prompt),
+                    job.config,
+                    on_done=lambda c, i=i: on_done(i, c),
+                    on_token=on_token if job.on_token is not None else None,
+                    cancelled=job.cancelled,
+                    index=i,
+                )
+        except Exception as exc:
+            running.pop(id(job), None)
+            job.cancelled.set()  # its prompts already queued leave at the next step
+            _call(job.on_done, exc)
 
     def _take(self) -> list[Job]:
         """The oldest live jobs, in order of arrival, up to ``max_batch_size`` prompts."""
