@@ -207,7 +207,7 @@ def test_hybrid_mesh_groups_processes_when_devices_have_no_slices():
     devices = [ProcessDevice(id=i, process_index=i // 4) for i in range(8)]
     grid = hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=2, model_axis_size=2), devices)
     # process 0's devices form replica row 0, process 1's row 1
-    assert np.vectorize(lambda d: d.id)(grid)[:, :, 0].tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert np.vectorize(lambda d: d.id)(grid)[:, :, 0, 0].tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     with pytest.raises(ValueError, match="replica_dcn_axis_size=4"):
         hybrid_device_grid(TrainerConfig(replica_dcn_axis_size=4, model_axis_size=2), devices)
 
