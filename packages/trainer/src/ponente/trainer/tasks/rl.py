@@ -282,7 +282,7 @@ def read_hf_examples(
         ValueError: one line naming the key: ``data.train_split`` for a split the dataset does not have,
             ``data.id`` for a dataset that does not load or has no rows, ``data.prompt_field`` for a missing column.
     """
-    from ponente.datacache import HFSource
+    from ponente.datacache import BadInput, HFSource
     from ponente.trainer.config import ConfigError
 
     try:
@@ -291,7 +291,12 @@ def read_hf_examples(
         raise ConfigError(f"data.train_split: {_first_line(exc)}") from exc
     except OSError as exc:
         raise ConfigError(f"data.id: {_first_line(exc)}") from exc
-    rows = [record for shard in source.shard_names for _, record, _ in source.open_shard(shard)]
+    rows: list[dict[str, Any]] = []
+    for shard in source.shard_names:
+        for _, record, _ in source.open_shard(shard):
+            if isinstance(record, BadInput):
+                raise ConfigError(f"data.id: {record.location}: {record.detail}")
+            rows.append(record)
     if not rows:
         raise ConfigError(f"data.id: no rows in split {split!r} of {path_or_id!r}")
     if prompt_field not in rows[0]:
