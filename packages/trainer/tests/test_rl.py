@@ -338,3 +338,71 @@ def test_chat_prompts_are_rendered_as_transformers_renders_them(tiny_llama: Path
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert task._render(messages) == expected
     assert task._render("2+3=") == "2+3="
+
+
+# -- prompts from a Hugging Face dataset -------------------------------------------------------------------------
+ARITHMETIC = [(1, 2), (2, 3), (3, 1), (4, 4)]
+
+
+def _hf_dataset(where: Path) -> Path:
+    """The rows of ``_prompts`` as a Hugging Face ``DatasetDict`` saved to disk, with its own column names."""
+    import datasets
+
+    columns = {
+        "question": [f"{a}+{b}=" for a, b in ARITHMETIC],
+        "solution": [str(a + b) for a, b in ARITHMETIC],
+        "level": [a for a, _ in ARITHMETIC],
+    }
+    path = where / "hf_prompts"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(columns)}).save_to_disk(str(path))
+    return path
+
+
+def _task(tiny_llama: Path, *overrides: str):
+    from ponente.trainer.config import parse_config
+    from ponente.trainer.tasks.rl import RlTask
+
+    argv = [f"--initialize_from_hf={tiny_llama}", "--rl.group_size=4", "--trainer.train_batch_size=8", *overrides]
+    return RlTask(parse_config(train_rl.TrainRlConfig, argv, exit_on_error=False), exact_match)
+
+
+def test_prompts_from_a_hugging_face_dataset_equal_those_of_the_same_jsonl_rows(
+    tmp_path: Path, tiny_llama: Path
+) -> None:
+    """``data.id`` (a ``save_to_disk`` folder) with ``prompt_field``/``answer_field`` mapping its columns reads the
+    same prompts, token ids and answers as the jsonl rows of ``_prompts``; the other columns reach the reward."""
+    mapping = ("--data.prompt_field=question", "--data.answer_field=solution")
+    hf = _task(tiny_llama, f"--data.id={_hf_dataset(tmp_path)}", *mapping)
+    jsonl = _task(tiny_llama, f"--data.train_urls=[{_prompts(tmp_path)}]")
+    assert hf.prompt_texts == jsonl.prompt_texts == [f"{a}+{b}=" for a, b in ARITHMETIC]
+    assert hf.prompt_ids == jsonl.prompt_ids
+    assert [r["answer"] for r in hf.examples] == [r["answer"] for r in jsonl.examples]
+    assert [r["level"] for r in hf.examples] == [a for a, _ in ARITHMETIC]
+    assert hf.reward(hf.prompt_texts[0], " 3", hf.examples[0]) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        (("--data.train_split=test",), "data.train_split", "splits ['train']"),
+        (("--data.prompt_field=prompt",), "data.prompt_field", "no column 'prompt'"),
+        (("--data.prompt_field=question", "--data.answer_field=answer_text"), "data.answer_field", "'answer_text'"),
+    ],
+)
+def test_a_bad_hugging_face_data_config_is_one_line_naming_the_key(
+    tmp_path: Path, tiny_llama: Path, overrides: tuple[str, ...], key: str, words: str
+) -> None:
+    from ponente.trainer.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _task(tiny_llama, f"--data.id={_hf_dataset(tmp_path)}", *overrides)
+    message = str(info.value)
+    assert message.startswith(f"{key}:"), message
+    assert words in message, message
+    assert "\n" not in message
+
+
+def test_jsonl_and_a_hugging_face_dataset_together_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--initialize_from_hf=/nowhere", f"--data.train_urls=[{_prompts(tmp_path)}]", f"--data.id={tmp_path}"]
+    assert train_rl.main(argv) == 2
+    assert "data: train_urls and id are both set" in capsys.readouterr().err

@@ -4,8 +4,8 @@ GRPO, Dr. GRPO or RLOO of a trained model (``initialize_from_hf``) against a rew
 
 1. loads ``reward.function`` (a packaged reward, or ``module:name`` importable from ``PYTHONPATH``) before any
    model loads: a path that does not import is one line naming ``reward.function``;
-2. reads the prompts (jsonl rows with ``prompt``, optional ``answer`` and any other fields, all passed to the
-   reward; chat prompts, lists of messages, are rendered by the chat template);
+2. reads the prompts (jsonl or Hugging Face dataset rows with ``prompt``, optional ``answer`` and any other fields,
+   all passed to the reward; chat prompts, lists of messages, are rendered by the chat template);
 3. every step samples ``rl.group_size`` completions of ``trainer.train_batch_size / rl.group_size`` prompts with
    the in-process engine (same devices as training; seeds keyed by step, so a resumed run draws the same
    rollouts), scores them, computes group-normalised advantages and takes one step of the clipped objective
@@ -32,20 +32,32 @@ __all__ = ["RewardConfig", "RlConfig", "RlDataConfig", "TrainRlConfig", "main", 
 
 @dataclasses.dataclass(frozen=True)
 class RlDataConfig:
-    """The prompts.
+    """The prompts: jsonl files (``train_urls``) or a Hugging Face dataset (``id``), not both.
 
     Attributes:
         train_urls: jsonl files (compressed by extension; local or fsspec URLs) of rows with ``prompt_field``.
+        id: a Hugging Face dataset: a ``save_to_disk`` folder, or a hub id (read when online).
+        name: the dataset's configuration name on the hub, if any.
+        train_split: the split of ``id`` that is read.
         tokenizer: the tokenizer (a ``tokenizer.json``, its folder or a hub id; None: ``initialize_from_hf``'s).
         prompt_field: the field holding the prompt: a string, or a list of chat messages.
+        answer_field: the field the reward reads as ``answer`` (``"answer"``: optional; another name: required).
         chat_template: the template of chat prompts (Jinja text, a file, or ``package://``; None: the
             tokenizer folder's).
     """
 
     train_urls: list[str] = dataclasses.field(default_factory=list)
+    id: str | None = None
+    name: str | None = None
+    train_split: str = "train"
     tokenizer: str | None = None
     prompt_field: str = "prompt"
+    answer_field: str = "answer"
     chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.train_urls and self.id is not None:
+            raise ValueError("train_urls and id are both set: read jsonl files or a Hugging Face dataset, not both")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +116,8 @@ def train(config: TrainRlConfig) -> run.TrainResult:
     reward = load_reward(config.reward.function)  # before any model loads
     if not config.initialize_from_hf:
         raise ConfigError("initialize_from_hf: RL starts from a trained model; set a Hugging Face folder or hub id")
-    if not config.data.train_urls:
-        raise ConfigError("data.train_urls: no prompts; name jsonl files of rows with a 'prompt' field")
+    if not config.data.train_urls and config.data.id is None:
+        raise ConfigError("data.train_urls: no prompts; name jsonl files of rows with a 'prompt' field, or data.id")
     startup = run.start_run(config.trainer)
     return run.Run(RlTask(config, reward), startup).train()
 

@@ -57,6 +57,7 @@ __all__ = [
     "group_advantages",
     "policy_loss",
     "read_examples",
+    "read_hf_examples",
     "rollout_seed",
     "token_logprobs",
 ]
@@ -271,6 +272,61 @@ def read_examples(urls: Sequence[str], prompt_field: str = "prompt") -> list[dic
     return rows
 
 
+def read_hf_examples(
+    path_or_id: str, split: str, name: str | None = None, prompt_field: str = "prompt"
+) -> list[dict[str, Any]]:
+    """The rows of a Hugging Face dataset (a ``save_to_disk`` folder, or a hub id when online), read through
+    :class:`ponente.datacache.HFSource`.
+
+    Raises:
+        ValueError: one line naming the key: ``data.train_split`` for a split the dataset does not have,
+            ``data.id`` for a dataset that does not load or has no rows, ``data.prompt_field`` for a missing column.
+    """
+    from ponente.datacache import BadInput, HFSource
+    from ponente.trainer.config import ConfigError
+
+    try:
+        source = HFSource(path_or_id, split=split, name=name)
+    except ValueError as exc:
+        raise ConfigError(f"data.train_split: {_first_line(exc)}") from exc
+    except OSError as exc:
+        raise ConfigError(f"data.id: {_first_line(exc)}") from exc
+    rows: list[dict[str, Any]] = []
+    for shard in source.shard_names:
+        for _, record, _ in source.open_shard(shard):
+            if isinstance(record, BadInput):
+                raise ConfigError(f"data.id: {record.location}: {record.detail}")
+            rows.append(record)
+    if not rows:
+        raise ConfigError(f"data.id: no rows in split {split!r} of {path_or_id!r}")
+    if prompt_field not in rows[0]:
+        raise ConfigError(
+            f"data.prompt_field: dataset {path_or_id!r} has no column {prompt_field!r} (columns: {', '.join(rows[0])})"
+        )
+    return rows
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _map_answer_field(rows: list[dict[str, Any]], answer_field: str, where: str) -> list[dict[str, Any]]:
+    """The rows with ``answer`` taken from ``answer_field`` (rows unchanged when it is ``"answer"``; then the answer
+    stays optional).
+
+    Raises:
+        ValueError: naming ``data.answer_field``, for a row without that field.
+    """
+    if answer_field == "answer":
+        return rows
+    from ponente.trainer.config import ConfigError
+
+    for number, row in enumerate(rows):
+        if answer_field not in row:
+            raise ConfigError(f"data.answer_field: row {number} of {where} has no {answer_field!r} field")
+    return [{**row, "answer": row[answer_field]} for row in rows]
+
+
 class RolloutRows:
     """The loader's dataset: row ``j`` names a prompt and its own index (unbounded; a pure function of ``j``).
 
@@ -355,14 +411,20 @@ class RlTask(Task):
 
         data = config.data
         self.tokenizer = load_tokenizer(data.tokenizer or self.initialize_from_hf)
-        self.examples = read_examples(data.train_urls, data.prompt_field)
+        if data.id is not None:
+            examples = read_hf_examples(data.id, data.train_split, data.name, data.prompt_field)
+            where, key = repr(data.id), "data.id"
+        else:
+            examples = read_examples(data.train_urls, data.prompt_field)
+            where, key = str(list(data.train_urls)), "data.train_urls"
+        self.examples = _map_answer_field(examples, data.answer_field, where)
         self.prompt_texts = [self._render(row[data.prompt_field]) for row in self.examples]
         self.prompt_ids = [list(self.tokenizer.encode(text).ids) for text in self.prompt_texts]
         longest = max(len(ids) for ids in self.prompt_ids)
         if longest >= self.seq_len:
             from ponente.trainer.config import ConfigError
 
-            raise ConfigError(f"data.train_urls: a prompt has {longest} tokens; the model's seq_len is {self.seq_len}")
+            raise ConfigError(f"{key}: a prompt has {longest} tokens; the model's seq_len is {self.seq_len}")
         stop_ids = [self.tokenizer.token_to_id(t) for t in self.rl.stop_tokens]
         if not self.rl.stop_tokens:
             from ponente.trainer.data.templates import tokenizer_chat_defaults
