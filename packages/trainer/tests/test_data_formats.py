@@ -94,7 +94,8 @@ def _doc_data_sections() -> list[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize(("where", "data"), _doc_data_sections(), ids=[w for w, _ in _doc_data_sections()])
 def test_every_documented_data_section_loads(where: str, data: dict[str, Any]) -> None:
-    cfg = _load(data, _SpeechRun if where.startswith("speech.md") else _Run)
+    run = {"speech.md": _SpeechRun, "rl.md": _RlRun}.get(where.split("[")[0], _Run)  # the page's entry point
+    cfg = _load(data, run)
     if "format" in data:
         fmt = data["format"]
         assert cfg.format.choice_name == (fmt if isinstance(fmt, str) else fmt["type"])
