@@ -64,7 +64,6 @@ def leaves(tree):
 
 
 @pytest.mark.multidevice
-@pytest.mark.integration
 @pytest.mark.parametrize("name", list(MODELS))
 def test_context_parallel_trains_like_one_device(name, monkeypatch):
     assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
@@ -93,7 +92,6 @@ def test_context_parallel_trains_like_one_device(name, monkeypatch):
 
 
 @pytest.mark.multidevice
-@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["allgather", "ring"])
 def test_context_composes_with_tensor_parallelism(mode):
     """context 2 x model 2 (tensor parallel MLP and key/value heads) x data 2, at a shorter length; with
@@ -161,7 +159,6 @@ def test_resume_with_context_parallelism_is_bitwise(tmp_path):
 
 
 @pytest.mark.multidevice
-@pytest.mark.integration
 def test_context_composes_with_expert_parallelism():
     """A tiny Mixtral with context 2 x expert 2 x data 2 trains like 1 device."""
     from ponente.models import MixtralConfig
