@@ -127,7 +127,7 @@ class DeepseekV3Config(LlamaConfig):
             object.__setattr__(self, "head_dim", self.qk_rope_head_dim)
         super().__post_init__()
         name = type(self).__name__
-        check_moe_fields(name, self.num_experts, self.num_experts_per_tok, self.moe_dispatch)
+        check_moe_fields(name, self)
         if self.attn_backend not in ("auto", "reference"):
             raise ValueError(
                 f"{name}: attn_backend {self.attn_backend!r} is not supported: multi-head latent attention computes "

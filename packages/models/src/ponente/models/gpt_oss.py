@@ -136,15 +136,7 @@ class GptOssConfig(LlamaConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        check_moe_fields(
-            name,
-            self.num_experts,
-            self.num_experts_per_tok,
-            self.moe_dispatch,
-            self.moe_capacity_factor,
-            self.router_bias_update_rate,
-            self.router_metrics_groups,
-        )
+        check_moe_fields(name, self)
         check_sinks_backend(self.attn_backend, f"{name}: attn_backend")
         if self.qk_norm:
             raise ValueError(f"{name}: qk_norm=True is not supported (Hugging Face gpt-oss has no QK-norm)")

@@ -75,15 +75,7 @@ class MixtralConfig(LlamaConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_moe_fields(
-            "MixtralConfig",
-            self.num_experts,
-            self.num_experts_per_tok,
-            self.moe_dispatch,
-            self.moe_capacity_factor,
-            self.router_bias_update_rate,
-            self.router_metrics_groups,
-        )
+        check_moe_fields("MixtralConfig", self)
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"MixtralConfig: sliding_window must be positive or None, got {self.sliding_window}")
         if self.qk_norm:

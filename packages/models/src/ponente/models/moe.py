@@ -583,18 +583,15 @@ def update_balance_bias(model: Any, load: NamedArray, rate: float) -> Any:
     return jax.tree_util.tree_map(update, model, is_leaf=_is_moe)
 
 
-def check_moe_fields(
-    name: str,
-    num_experts: int,
-    num_experts_per_tok: int,
-    dispatch: str,
-    capacity_factor: float | None = None,
-    router_bias_update_rate: float = 0.0,
-    router_metrics_groups: int = 0,
-) -> None:
+def check_moe_fields(name: str, config: Any) -> None:
     """Raise ``ValueError`` naming the config ``name`` for ``num_experts_per_tok`` outside ``1..num_experts``, an
     unknown ``moe_dispatch``, a ``moe_capacity_factor`` that is not positive, a negative
-    ``router_bias_update_rate`` or a negative ``router_metrics_groups``."""
+    ``router_bias_update_rate`` or a negative ``router_metrics_groups`` (fields ``config`` lacks are not checked)."""
+    num_experts, num_experts_per_tok = config.num_experts, config.num_experts_per_tok
+    dispatch = config.moe_dispatch
+    capacity_factor = getattr(config, "moe_capacity_factor", None)
+    router_bias_update_rate = getattr(config, "router_bias_update_rate", 0.0)
+    router_metrics_groups = getattr(config, "router_metrics_groups", 0)
     if not 1 <= num_experts_per_tok <= num_experts:
         raise ValueError(
             f"{name}: num_experts_per_tok must be in 1..num_experts ({num_experts}), got {num_experts_per_tok}"

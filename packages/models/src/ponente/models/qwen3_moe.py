@@ -94,15 +94,7 @@ class Qwen3MoeConfig(Qwen3Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        check_moe_fields(
-            name,
-            self.num_experts,
-            self.num_experts_per_tok,
-            self.moe_dispatch,
-            self.moe_capacity_factor,
-            self.router_bias_update_rate,
-            self.router_metrics_groups,
-        )
+        check_moe_fields(name, self)
         if self.moe_intermediate_dim < 1:
             raise ValueError(f"{name}: moe_intermediate_dim must be positive, got {self.moe_intermediate_dim}")
         if self.decoder_sparse_step < 1:
