@@ -46,22 +46,24 @@ def _scalars(extra: Mapping[str, Any]) -> dict[str, jax.Array]:
     return {k: v for k, v in extra.items() if not isinstance(v, NamedArray)}
 
 
-def _select(finite: jax.Array, new: Any, old: Any) -> Any:
-    if not eqx.is_array(new):
-        return new
-    if jax.dtypes.issubdtype(new.dtype, jax.dtypes.prng_key):
-        data = jnp.where(finite, jax.random.key_data(new), jax.random.key_data(old))
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(new))
-    return jnp.where(finite, new, old)
+def _update_if_finite(finite: jax.Array, update: Callable[[], TrainerState], old: TrainerState) -> TrainerState:
+    """``update()`` where ``finite`` is true, else ``old``: the optimizer update runs inside a ``lax.cond``.
 
-
-def _keep_if_finite(finite: jax.Array, new: TrainerState, old: TrainerState) -> TrainerState:
-    """``new`` where ``finite`` is true, else ``old``, leaf by leaf (typed PRNG keys included).
-
-    An element-wise select rather than ``lax.cond``: XLA fuses it into the update that computes ``new``, so
-    the guard costs no extra copy of the parameters or the optimizer state.
+    Not an element-wise select of the new and the old state: XLA then recomputes the new optimizer moments in the
+    fusion that writes the parameters, which reads the old moments after their buffers were updated in place, so it
+    copies every donated moment (two copies of the parameters' size per step; none with the ``cond``). The new leaves
+    keep the dtypes of the old ones, as ``optax.apply_updates`` keeps the parameters'.
     """
-    kept: TrainerState = jax.tree_util.tree_map(lambda a, b: _select(finite, a, b), new, old)
+    old_arrays, static = eqx.partition(old, eqx.is_array)
+
+    def apply(_: None) -> Any:
+        new_arrays = eqx.partition(update(), eqx.is_array)[0]
+        return jax.tree_util.tree_map(
+            lambda n, o: n if n.dtype == o.dtype else n.astype(o.dtype), new_arrays, old_arrays
+        )
+
+    arrays = jax.lax.cond(finite, apply, lambda _: old_arrays, None)
+    kept: TrainerState = eqx.combine(arrays, static)
     return kept
 
 
@@ -210,15 +212,6 @@ class TrainStep:
             model = eqx.combine(self.mp.cast_to_compute(eqx.combine(params, rest)), overwrites)
             return _loss_and_metrics(self.loss_fn(model, batch, key=loss_key))[0]
 
-        updates, opt_state = self.optimizer.update(
-            grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
-        )
-        model = eqx.combine(eqx.apply_updates(trainable, updates), _used_states(new_states, overwrites), rest)
-        if self.after_update is not None:
-            model = self.after_update(model, extra)
-        new_state = dataclasses.replace(
-            state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
-        )
         grad_norm = optax.tree.norm(grads)
         # a NaN/Inf loss or gradient never reaches the parameters: the update is dropped here, inside the step
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -226,12 +219,24 @@ class TrainStep:
             unchanged = dataclasses.replace(state, step=state.step + 1, training_key=next_key)
         else:
             unchanged = state
-        new_state = _keep_if_finite(finite, new_state, unchanged)
+
+        def update() -> TrainerState:
+            updates, opt_state = self.optimizer.update(
+                grads, state.opt_state, trainable, loss=loss, obj_fn=obj_fn, key=opt_key
+            )
+            model = eqx.combine(eqx.apply_updates(trainable, updates), _used_states(new_states, overwrites), rest)
+            if self.after_update is not None:
+                model = self.after_update(model, extra)
+            return dataclasses.replace(
+                state, step=state.step + 1, model=model, opt_state=opt_state, training_key=next_key
+            )
+
+        new_state = _update_if_finite(finite, update, unchanged)
         metrics = {
             **_scalars(extra),
             "loss": loss,
             "grad_norm": grad_norm,
-            **self.optimizer_metrics_fn(opt_state),
+            **self.optimizer_metrics_fn(new_state.opt_state),
         }
         lr = self._learning_rate(state)
         if lr is not None:
