@@ -201,6 +201,8 @@ def _run_one(rec: Recorder, quant: str, reference_seconds: float | None) -> floa
     cost = cost[0] if isinstance(cost, list) else cost
     if cost and "flops" in cost:
         rec.record(name, "compiled_flops", float(cost["flops"]), "flops", **extra)
+    if cost and "bytes accessed" in cost:  # XLA's count of the bytes the step reads and writes (copies included)
+        rec.record(name, "compiled_bytes_accessed", float(cost["bytes accessed"]), "bytes", **extra)
     memory = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in memory:
         rec.record(name, "peak_memory", float(memory["peak_bytes_in_use"]), "bytes", **extra)

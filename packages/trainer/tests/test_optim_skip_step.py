@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hlo_support import copied_parameters
 
 from ponente.trainer.optim import AdamConfig, optimizer_metrics, skip_bad_steps
 
@@ -83,3 +84,37 @@ def test_bad_settings_are_named():
         skip_bad_steps(optax.sgd(1.0), window=0)
     with pytest.raises(ValueError, match="skip_step_window"):
         AdamConfig(skip_step_window=0)
+
+
+def test_skip_step_updates_the_inner_state_in_place():
+    """The skip is a conditional: a donated Adam state is updated in place (XLA copies neither moment), and the
+    parameters and moments of a kept step equal plain Adam's, and a skipped step keeps the parameters."""
+    opt = skip_bad_steps(optax.adam(1e-2), window=WINDOW, sigma=SIGMA, warmup=WARMUP)
+    params = {"w": jnp.linspace(-1.0, 1.0, 64).reshape(8, 8), "b": jnp.ones(8)}
+
+    def step(p, state, scale):
+        grads = jax.tree.map(lambda x: x * scale, p)
+        updates, state = opt.update(grads, state, p, loss=jnp.sum(grads["w"]))
+        return optax.apply_updates(p, updates), state
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt.init(params), 1.0).compile()
+    copied = copied_parameters(compiled.as_text())
+    # at most the rolling statistics (the loss and norm windows, the count): never the parameters or the moments
+    assert all(any(name in c for name in ("losses", "grad_norms", "num_observed")) for c in copied), copied
+
+    plain = optax.adam(1e-2)
+    got, state = jax.tree.map(jnp.copy, (params, opt.init(params)))  # distinct buffers, each donated once
+    want, want_state = jax.tree.map(jnp.copy, params), plain.init(params)
+    for scale in (1.0, 0.5, float("nan"), 2.0):
+        before = jax.tree.map(np.asarray, got)
+        got, state = compiled(got, state, scale)
+        if math.isfinite(scale):
+            grads = jax.tree.map(lambda x, s=scale: x * s, want)
+            updates, want_state = plain.update(grads, want_state, want)
+            want = optax.apply_updates(want, updates)
+            for a, b in zip(jax.tree.leaves((got, state.inner_state)), jax.tree.leaves((want, want_state))):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6)  # compiled vs op by op
+        else:
+            assert bool(state.skipped)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(before)):
+                np.testing.assert_array_equal(np.asarray(a), b)

@@ -3,7 +3,6 @@
 import functools
 import logging
 import os
-import re
 import signal
 
 import equinox as eqx
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hlo_support import copied_parameters
 
 import ponente.namedtensor as hax
 from ponente.models import LlamaConfig, LmExample, compute_next_token_loss
@@ -450,14 +450,6 @@ def test_initial_state_from_the_seed_matches_keys_split_by_hand():
     assert int(state.step) == 0
 
 
-def _copied_parameters(hlo: str) -> list[str]:
-    """The entry computation's parameters that the optimized HLO copies (``copy(%param)``)."""
-    entry = hlo[hlo.index("\nENTRY ") :]
-    params = set(re.findall(r"^\s+(%\S+) = \S+ parameter\(\d+\)", entry, flags=re.M))
-    assert params, "no entry parameters found in the compiled step's HLO"
-    return [c for c in re.findall(r"\bcopy\((%[^ ,)]+)\)", entry) if c in params]
-
-
 def test_compile_step_means_the_first_step_does_not_compile():
     compiles = []
 
@@ -478,7 +470,7 @@ def test_compile_step_means_the_first_step_does_not_compile():
         assert compiled.cost_analysis()["flops"] > 0
         # the donated state (parameters, Adam's moments) is updated in place: XLA copies none of the step's inputs
         # (an element-wise select of the new and the old state for the non-finite guard made it copy the moments)
-        assert _copied_parameters(compiled.as_text()) == []
+        assert copied_parameters(compiled.as_text()) == []
         compiles.clear()
         for batch in batches:
             state, metrics = trainer.train_step(state, trainer.shard_batch(batch))

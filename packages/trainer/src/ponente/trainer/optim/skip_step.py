@@ -109,9 +109,16 @@ def skip_bad_steps(
             spike = spike | (loss > loss_mean + sigma * loss_std)
         skip = ~finite | ((state.num_observed >= warmup) & spike)
 
-        new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
-        new_updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), new_updates)
-        new_inner = jax.tree.map(lambda new, old: jnp.where(skip, old, new), new_inner, state.inner_state)
+        # a conditional, not a select of the new and the old state: with the select, XLA copies every donated
+        # moment of the inner optimizer each step (see ``Trainer``'s non-finite guard)
+        def step(_: None) -> tuple[Any, Any]:
+            return inner.update(updates, state.inner_state, params, **extra_args)
+
+        def keep(_: None) -> tuple[Any, Any]:
+            shapes = jax.eval_shape(step, None)[0]
+            return jax.tree.map(lambda u: jnp.zeros(u.shape, u.dtype), shapes), state.inner_state
+
+        new_updates, new_inner = jax.lax.cond(skip, keep, step, None)
 
         # finite values (spikes included, so that a lasting level shift is absorbed) enter the statistics
         slot = state.num_observed % window
