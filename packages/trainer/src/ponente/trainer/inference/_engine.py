@@ -36,8 +36,6 @@ _MIN_PREFILL = 8
 """The shortest prefill bucket: shorter prompts are padded to it (fewer compilations for tiny prompts)."""
 
 _STEPS_PER_CALL = 8
-_GREEDY = GenerationConfig()
-"""The settings of a padding row."""
 
 _MIN_ROWS = 8
 """Continuous batching: the fewest token rows a step runs (fewer buckets for a batch of a few requests)."""
@@ -828,17 +826,9 @@ class _ContinuousBatch:
                     self._finish(slot, seq)
 
     def _params(self, configs: list[GenerationConfig | None]) -> SamplingParams:
-        """The rows' sampling settings, built on the host (each config's PRNG key computed once, not per step)."""
-        rows = [c or _GREEDY for c in configs]
-        keys = np.stack([self._key(c.seed) for c in rows])
-        return SamplingParams(
-            temperature=np.asarray([c.temperature for c in rows], np.float32),  # type: ignore[arg-type]
-            top_k=np.asarray([c.top_k or 0 for c in rows], np.int32),  # type: ignore[arg-type]
-            top_p=np.asarray([c.top_p or 1.0 for c in rows], np.float32),  # type: ignore[arg-type]
-            keys=keys,  # type: ignore[arg-type]
-            filtered=any(c.top_k is not None or c.top_p is not None for c in rows),
-            greedy=False,  # one program whether or not a sampled request runs (greedy rows ignore the draw)
-        )
+        """The rows' sampling settings, built on the host (each config's PRNG key computed once, not per step), in one
+        program whether or not a sampled request runs."""
+        return SamplingParams.of(configs, key=self._key, greedy=False)
 
     def _key(self, seed: int) -> np.ndarray:
         key = self._keys.get(seed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -34,24 +34,32 @@ class SamplingParams(eqx.Module):
     greedy: bool = eqx.field(static=True)
 
     @staticmethod
-    def of(configs: Sequence[GenerationConfig | None]) -> SamplingParams:
+    def of(
+        configs: Sequence[GenerationConfig | None],
+        *,
+        key: Callable[[int], np.ndarray] | None = None,
+        greedy: bool | None = None,
+    ) -> SamplingParams:
         """The settings of a batch; None rows (padding of the batch) are greedy.
 
         Args:
             configs: one config per row.
+            key: the raw PRNG key of a seed (e.g. a cached one); None: ``jax.random.PRNGKey(seed)``.
+            greedy: the static ``greedy`` flag; None: whether every row is greedy. ``False`` keeps one program
+                whether or not a sampled row runs (greedy rows ignore the draw).
 
         Returns:
             Host (NumPy) arrays; the jitted step moves them to the devices.
         """
         rows = [c or GenerationConfig() for c in configs]
-        keys = np.stack([np.asarray(jax.random.PRNGKey(c.seed), np.uint32) for c in rows])
+        key_of = key or (lambda seed: np.asarray(jax.random.PRNGKey(seed), np.uint32))
         return SamplingParams(
             temperature=np.asarray([c.temperature for c in rows], np.float32),  # type: ignore[arg-type]
             top_k=np.asarray([c.top_k or 0 for c in rows], np.int32),  # type: ignore[arg-type]
             top_p=np.asarray([c.top_p or 1.0 for c in rows], np.float32),  # type: ignore[arg-type]
-            keys=keys,  # type: ignore[arg-type]
+            keys=np.stack([key_of(c.seed) for c in rows]),  # type: ignore[arg-type]
             filtered=any(c.top_k is not None or c.top_p is not None for c in rows),
-            greedy=all(c.temperature == 0 for c in rows),
+            greedy=all(c.temperature == 0 for c in rows) if greedy is None else greedy,
         )
 
 
