@@ -304,3 +304,64 @@ def test_config_checks_defaults_and_round_trip() -> None:
     assert (default.q_lora_rank, default.kv_lora_rank, default.first_k_dense_replace) == (1536, 512, 3)
     assert default.routed_scaling_factor == 2.5
     assert default.rope_interleave
+
+
+def test_router_metrics_and_the_balancing_bias_update_against_numpy() -> None:
+    """The ``router/*`` diagnostics and the expert loads of a forward pass vs NumPy over transformers' own routing
+    (the gate's inputs and chosen experts, caught by hooks); then DeepSeek-V3's bias update moves every MoE block's
+    ``e_score_correction_bias`` by ``rate * sign(mean load - load)``."""
+    from ponente.models.decoder import EXPERT_LOAD
+    from ponente.models.moe import balance_bias_frozen, update_balance_bias
+
+    torch.manual_seed(5)
+    hf = _tiny(num_hidden_layers=4)  # one dense block, then three MoE blocks
+    model = port(hf)
+    model = dataclasses.replace(model, config=dataclasses.replace(model.config, router_metrics_groups=2))
+    ids = _ids(seq=10, batch=3, seed=4)
+    caught: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    gates = [layer.mlp.gate for layer in hf.model.layers[1:]]
+
+    def hook(module: Any, inputs: Any, output: Any) -> None:
+        x = inputs[0].reshape(-1, module.hidden_dim).detach().numpy()
+        caught.append((x, module.weight.detach().numpy(), output[2].detach().numpy()))
+
+    handles = [gate.register_forward_hook(hook) for gate in gates]
+    with torch.no_grad():
+        hf(torch.as_tensor(ids))
+    for handle in handles:
+        handle.remove()
+    E, k = 8, 2
+    scores = [1 / (1 + np.exp(-(x.astype(np.float64) @ w.T))) for x, w, _ in caught]
+    counts = np.stack([np.bincount(idx.reshape(-1), minlength=E) for _, _, idx in caught])  # (layers, experts)
+
+    def expected(layers: slice) -> dict[str, float]:
+        s = np.concatenate(scores[layers])
+        p = (s / s.sum(-1, keepdims=True)).mean(0)  # normalized scores, averaged over tokens and layers
+        f = counts[layers].sum(0) / s.shape[0]  # assignments per token, averaged likewise
+        per_layer = counts[layers].max(-1) / counts[layers].mean(-1)
+        return {"load_balancing_loss": E * float(f @ p), "expert_load_max": float(per_layer.max())}
+
+    _, aux = eqx.filter_jit(model.activations_and_aux)(_named(ids))
+    want = {f"router/{n}": v for n, v in expected(slice(None)).items()}
+    want.update({f"router/group_0/{n}": v for n, v in expected(slice(0, 2)).items()})
+    want.update({f"router/group_1/{n}": v for n, v in expected(slice(2, 3)).items()})
+    for name, value in want.items():
+        np.testing.assert_allclose(float(aux[name].scalar()), value, rtol=1e-5, err_msg=name)
+    assert float(aux["router/dropped_fraction"].scalar()) == 0.0
+    assert "router_aux_loss" not in aux
+    assert not [n for n in aux if n.endswith("z_loss")]
+    assert counts.sum() == 3 * 3 * 10 * k
+    loads = np.asarray(aux[EXPERT_LOAD].rearrange(("layers", "experts")).array)
+    np.testing.assert_array_equal(loads, counts)
+    bias_before = np.asarray(model.transformer.layers.stacked.block_sparse_moe.e_score_correction_bias.array)
+    np.testing.assert_allclose(float(aux["router/balance_bias_abs_mean"].scalar()), np.abs(bias_before).mean(), 1e-6)
+
+    rate = 0.01
+    moved = update_balance_bias(model, aux[EXPERT_LOAD], rate)
+    bias = np.asarray(moved.transformer.layers.stacked.block_sparse_moe.e_score_correction_bias.array)
+    step = rate * np.sign(counts.mean(-1, keepdims=True) - counts)
+    assert (step != 0).any()
+    np.testing.assert_allclose(bias - bias_before, step, atol=1e-6)
+    mask = balance_bias_frozen(jax.tree_util.tree_map(lambda _: True, model))
+    assert mask.transformer.layers.stacked.block_sparse_moe.e_score_correction_bias is False
+    assert mask.transformer.layers.stacked.block_sparse_moe.router.weight.array is True

@@ -64,7 +64,7 @@ from .attention import Attention, AttentionMask, attention, decode_attention
 from .attention.kv_cache import KvCache, take_positions
 from .config import _real_vocab_rows, mask_padded_vocab
 from .lm import LmHeadModel
-from .moe import MoeMlp, RouterOutput, expert_load, router_group_metrics, router_metrics
+from .moe import MoeMlp, RouterOutput, balancing_bias, expert_load, router_group_metrics, router_metrics
 from .remat import tag
 from .rotary import RotaryConfig, apply_rotary
 
@@ -1010,18 +1010,25 @@ class DecoderLM(LmHeadModel[Any]):
         x, _, routing = self._run(input_ids, attn_mask, pos_ids, key=key)
         if routing is None:
             return x, {}
+        return x, self._router_aux(routing)
+
+    def _router_aux(self, routing: RouterOutput) -> dict[str, NamedArray]:
+        """The weighted load-balancing loss (``router_aux_loss``, when the config has ``router_aux_loss_coef``), the
+        ``router/*`` diagnostics and, with a balancing bias, the expert loads the trainer's bias update reads."""
         metrics = router_metrics(routing, self.config.Experts)
-        aux = {ROUTER_AUX_LOSS: metrics["load_balancing_loss"] * self.config.router_aux_loss_coef}
+        aux = {}
+        if hasattr(self.config, "router_aux_loss_coef"):
+            aux[ROUTER_AUX_LOSS] = metrics["load_balancing_loss"] * self.config.router_aux_loss_coef
         groups = router_group_metrics(routing, self.config.Experts, getattr(self.config, "router_metrics_groups", 0))
         if len(groups) > len(metrics):  # one group would repeat the overall metrics
             metrics.update(groups)
         aux.update({f"router/{name}": jax.lax.stop_gradient(value) for name, value in metrics.items()})
-        moe = self.transformer.layers.stacked.block_sparse_moe
-        if moe is not None and moe.balance_bias is not None:
+        bias = balancing_bias(self.transformer.layers.stacked.block_sparse_moe)
+        if bias is not None:
             # not a scalar: the trainer reads it to update the balancing bias (update_balance_bias), it is not logged
             aux[EXPERT_LOAD] = jax.lax.stop_gradient(expert_load(routing, self.config.Experts))
-            aux["router/balance_bias_abs_mean"] = hax.mean(hax.abs(jax.lax.stop_gradient(moe.balance_bias)))
-        return x, aux
+            aux["router/balance_bias_abs_mean"] = hax.mean(hax.abs(jax.lax.stop_gradient(bias)))
+        return aux
 
     def activations(
         self,

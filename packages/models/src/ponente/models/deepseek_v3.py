@@ -74,6 +74,11 @@ class DeepseekV3Config(LlamaConfig):
         rope_interleave: the rotary dimensions pair up as ``(0, 1), (2, 3), ...`` (the checkpoints' layout).
         attention_bias: biases on ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``.
         moe_dispatch: ``"dense"`` or ``"sorted"`` (see :class:`~ponente.models.moe.MoeMlp`).
+        router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: after each training step, every MoE
+            block's ``e_score_correction_bias`` moves by ``rate * sign(mean load - load_e)`` (the paper's bias update
+            speed, 0.001 in its pre-training); 0 (the default): the bias stays as loaded.
+        router_metrics_groups: the MoE layers, in order, split into this many groups of consecutive layers whose
+            router metrics are logged apart (``router/group_<g>/*``); 0: only the overall ones.
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -119,6 +124,8 @@ class DeepseekV3Config(LlamaConfig):
     rope_interleave: bool = True
     attention_bias: bool = False
     moe_dispatch: str = "dense"
+    router_bias_update_rate: float = 0.0
+    router_metrics_groups: int = 4
 
     feed_forward_keys: ClassVar[int] = 3
 
@@ -533,7 +540,8 @@ class SharedExpertsMoe(MoeMlp):
 
     Attributes:
         e_score_correction_bias: ``(experts,)``, added to the scores when choosing (key
-            ``gate.e_score_correction_bias``; a buffer in transformers, not trained by gradient).
+            ``gate.e_score_correction_bias``; a buffer in transformers, not trained by gradient; with the config's
+            ``router_bias_update_rate`` the trainer moves it against the experts' loads after each step).
         shared_experts: the shared SwiGLU (``n_shared_experts * moe_intermediate_size``).
         n_group: expert groups (static).
         topk_group: groups a token chooses from (static).
@@ -545,6 +553,9 @@ class SharedExpertsMoe(MoeMlp):
     n_group: int = eqx.field(static=True, default=1)
     topk_group: int = eqx.field(static=True, default=1)
     routed_scaling_factor: float = eqx.field(static=True, default=1.0)
+
+    balance_bias_field: ClassVar[str] = "e_score_correction_bias"
+    """The correction bias is the balancing bias that ``router_bias_update_rate`` moves."""
 
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {**super()._state_dict_key_map(), "e_score_correction_bias": "gate.e_score_correction_bias"}
@@ -611,22 +622,19 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
     dense blocks ``mlp.{gate,up,down}_proj``; MoE blocks ``mlp.gate.{weight, e_score_correction_bias}``,
     ``mlp.shared_experts.{gate,up,down}_proj`` and the experts per expert (``mlp.experts.{e}.gate_proj.weight``,
     as in checkpoint files; transformers 5's fused in-memory ``mlp.experts.gate_up_proj`` is read too). No
-    load-balancing loss (DeepSeek-V3 balances with the correction bias).
+    load-balancing loss: DeepSeek-V3 balances with the correction bias (``router_bias_update_rate``); the forward
+    pass yields the ``router/*`` diagnostics and the expert loads the trainer's bias update reads.
     """
 
     transformer: DecoderStack
 
-    def activations_and_aux(
-        self,
-        input_ids: NamedArray,
-        attn_mask: AttentionMask | NamedArray | None = None,
-        *,
-        key: jax.Array | None = None,
-        pos_ids: NamedArray | None = None,
-    ) -> tuple[NamedArray, dict[str, NamedArray]]:
-        """The final hidden states and no auxiliary loss (DeepSeek-V3 has no load-balancing loss)."""
-        del key
-        return self._run(input_ids, attn_mask, pos_ids)[0], {}
+    def _router_aux(self, routing: RouterOutput) -> dict[str, NamedArray]:
+        """No load-balancing loss (DeepSeek-V3 balances with the correction bias); the ``router/*`` diagnostics, with
+        ``load_balancing_loss`` computed on the sigmoid scores normalized to sum to 1 per token (the paper's
+        sequence-wise balance formula, over the whole batch, unweighted) and no z-loss (the router has no softmax)."""
+        normalized = hax.sum(routing.probs, self.config.Experts)
+        aux = super()._router_aux(dataclasses.replace(routing, probs=routing.probs / normalized))
+        return {name: value for name, value in aux.items() if not name.endswith("z_loss")}
 
     def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
         """An empty latent cache: ``keys`` ``(layers, batch, cache_position, latent)`` (the normalized latents),

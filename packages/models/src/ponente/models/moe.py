@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -31,6 +31,7 @@ __all__ = [
     "MoeMlp",
     "RouterOutput",
     "balance_bias_frozen",
+    "balancing_bias",
     "check_moe_fields",
     "expert_load",
     "layer_groups",
@@ -362,6 +363,10 @@ class MoeMlp(ModuleWithStateDictSerialization):
     capacity_factor: float | None = eqx.field(static=True, default=None)
     balance_bias: NamedArray | None = None
 
+    balance_bias_field: ClassVar[str] = "balance_bias"
+    """The field holding the balancing bias (a subclass may keep it under another name, e.g. DeepSeek-V3's
+    ``e_score_correction_bias``): what :func:`balance_bias_frozen` and :func:`update_balance_bias` read and write."""
+
     def _state_dict_key_map(self) -> dict[str, str | None]:
         return {
             "router": "gate",
@@ -549,22 +554,27 @@ def _is_moe(x: Any) -> bool:
     return isinstance(x, MoeMlp)
 
 
+def balancing_bias(moe: Any) -> NamedArray | None:
+    """The auxiliary-loss-free balancing bias of an MoE layer (:attr:`MoeMlp.balance_bias_field`), or None."""
+    return getattr(moe, moe.balance_bias_field, None) if _is_moe(moe) else None
+
+
 def balance_bias_frozen(mask: Any) -> Any:
-    """A trainable mask (a pytree of bools shaped like a model) with every :attr:`MoeMlp.balance_bias` set False: the
-    bias is updated by :func:`update_balance_bias`, never by the optimizer."""
+    """A trainable mask (a pytree of bools shaped like a model) with every balancing bias (:func:`balancing_bias`)
+    set False: the bias is updated by :func:`update_balance_bias`, never by the optimizer."""
     return jax.tree_util.tree_map(
-        lambda m: dataclasses.replace(m, balance_bias=False) if _is_moe(m) and m.balance_bias is not None else m,
+        lambda m: dataclasses.replace(m, **{m.balance_bias_field: False}) if balancing_bias(m) is not None else m,
         mask,
         is_leaf=_is_moe,
     )
 
 
 def update_balance_bias(model: Any, load: NamedArray, rate: float) -> Any:
-    """DeepSeek-V3's auxiliary-loss-free balancing step: every :attr:`MoeMlp.balance_bias` of ``model`` moves by
-    ``rate * sign(mean load - load_e)`` (underloaded experts up, overloaded down).
+    """DeepSeek-V3's auxiliary-loss-free balancing step: every balancing bias (:func:`balancing_bias`) of ``model``
+    moves by ``rate * sign(mean load - load_e)`` (underloaded experts up, overloaded down).
 
     Args:
-        model: a model whose MoE layers have a ``balance_bias`` (stacked layers: ``(layers, experts)``).
+        model: a model whose MoE layers have a balancing bias (stacked layers: ``(layers, experts)``).
         load: the assignments per expert of the step, with the bias's axes (see :func:`expert_load`).
         rate: the update rate.
 
@@ -573,12 +583,11 @@ def update_balance_bias(model: Any, load: NamedArray, rate: float) -> Any:
     """
 
     def update(m: Any) -> Any:
-        if not _is_moe(m) or m.balance_bias is None:
+        bias = balancing_bias(m)
+        if bias is None:
             return m
-        Experts = m.Experts
-        step = rate * hax.sign(hax.mean(load, Experts) - load)
-        bias = m.balance_bias
-        return dataclasses.replace(m, balance_bias=(bias + step.rearrange(bias.axes)).astype(bias.dtype))
+        step = rate * hax.sign(hax.mean(load, m.Experts) - load)
+        return dataclasses.replace(m, **{m.balance_bias_field: (bias + step.rearrange(bias.axes)).astype(bias.dtype)})
 
     return jax.tree_util.tree_map(update, model, is_leaf=_is_moe)
 
