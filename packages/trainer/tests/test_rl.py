@@ -409,6 +409,23 @@ def test_the_loss_weighs_the_log_probs_of_the_tempered_policy_and_reference(
     assert 0.0 < clip_fraction < 1.0
 
 
+def test_rollout_old_logprobs_are_the_tempered_policys(tmp_path: Path, tiny_llama: Path) -> None:
+    """The rollouts' ``old_logprobs`` at ``rl.temperature`` 0.7 are transformers' ``log_softmax(logits / 0.7)`` at the
+    sampled tokens, so on policy the ratio of the loss is 1."""
+    import jmp
+
+    from ponente.trainer.inference import Engine
+
+    task = _task(tiny_llama, f"--data.train_urls=[{_prompts(tmp_path)}]", "--rl.temperature=0.7")
+    task.engine = Engine(task.pretrained_model(jmp.get_policy("f32")), task.tokenizer, max_batch_size=8)
+    batch = task.make_batch({"row_index": np.arange(8), "prompt_index": np.repeat([0, 2], 4)})
+    tokens = np.asarray(batch["input_ids"].array)
+    mask = np.asarray(batch["completion_mask"].array)
+    old = np.asarray(batch["old_logprobs"].array)
+    assert mask.sum() > 8
+    np.testing.assert_allclose(old, _hf_logprobs(tiny_llama, tokens, 0.7) * mask, atol=1e-4)
+
+
 # -- prompts from a Hugging Face dataset -------------------------------------------------------------------------
 ARITHMETIC = [(1, 2), (2, 3), (3, 1), (4, 4)]
 
