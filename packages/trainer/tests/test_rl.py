@@ -380,7 +380,6 @@ def test_the_loss_weighs_the_log_probs_of_the_tempered_policy_and_reference(
     import jmp
 
     import ponente.models.loss
-
     from ponente.trainer.tasks.dpo import PolicyAndReference
 
     if blockwise:

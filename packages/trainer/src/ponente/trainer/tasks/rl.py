@@ -11,8 +11,8 @@ A step of :class:`RlTask`:
 3. the reward function scores each ``(prompt, completion, example)`` on the host, :func:`group_advantages` turns
    the rewards into advantages;
 4. the batch (prompt + completion tokens, the completion mask, the advantages, the engine's log-probs of the
-   sampled tokens as the old policy's) goes through the normal compiled training step, whose loss is
-   :func:`policy_loss`;
+   sampled tokens under ``logits / rl.temperature`` as the old policy's) goes through the normal compiled training
+   step, whose loss is :func:`policy_loss`;
 5. a hook logs the ``train/rl/*`` host metrics and, every ``rl.sync_every`` steps, swaps the trained weights into
    the engine (:meth:`~ponente.trainer.inference.Engine.update_weights`, nothing recompiles).
 
@@ -80,7 +80,7 @@ class RlConfig:
     Attributes:
         group_size: completions sampled per prompt (>= 2: the advantages compare them).
         max_new_tokens: the most tokens of a completion (also Dr. GRPO's constant normaliser).
-        temperature: the sampling temperature (> 0).
+        temperature: the sampling temperature (> 0); every log-prob of the loss is that of ``logits / temperature``.
         top_p: nucleus sampling (None: off).
         stop_tokens: tokens that end a completion (empty: the tokenizer's end-of-sequence token).
         stop_strings: strings that end a completion (the text is cut before them).
