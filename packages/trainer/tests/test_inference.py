@@ -114,17 +114,43 @@ def test_seeds_are_reproducible(model: Any) -> None:
     assert [c.tokens for c in top1] == greedy
 
 
-def test_logprobs_equal_the_log_softmax_of_the_full_forward(model: Any) -> None:
+@pytest.mark.parametrize("tempered", [False, True])
+def test_logprobs_equal_the_log_softmax_of_the_full_forward(model: Any, tempered: bool) -> None:
+    """``logprobs``: the model's ``log_softmax(logits)`` at the sampled tokens; with ``tempered_logprobs`` (what
+    ``ponente-rl`` asks for) that of ``logits / temperature``."""
     engine = Engine(model, max_batch_size=4)
-    config = GenerationConfig(max_new_tokens=8, temperature=0.8, seed=1, logprobs=True)
+    config = GenerationConfig(max_new_tokens=8, temperature=0.7, seed=1, logprobs=True, tempered_logprobs=tempered)
     for prompt, completion in zip(PROMPTS, engine.generate(PROMPTS, config), strict=True):
-        logits = full_forward_logits(model, prompt + completion.tokens)
+        logits = full_forward_logits(model, prompt + completion.tokens) / (0.7 if tempered else 1.0)
         logits -= logits.max(axis=-1, keepdims=True)
         log_softmax = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
         n = len(prompt)
         expected = [log_softmax[n - 1 + i, t] for i, t in enumerate(completion.tokens)]
         assert completion.logprobs is not None
         np.testing.assert_allclose(completion.logprobs, expected, atol=2e-5)
+
+
+def test_tempered_logprobs_per_row_before_top_p_and_greedy_rows_untempered() -> None:
+    """Rows of one batch: tempered (also with ``top_p``: the log-prob is still that of the whole tempered
+    distribution), untempered, and greedy with ``tempered_logprobs`` (the model's distribution)."""
+    logits = np.random.default_rng(0).normal(0, 3, (4, 50)).astype(np.float32)
+    rows = [
+        GenerationConfig(temperature=0.7, seed=1, tempered_logprobs=True),
+        GenerationConfig(temperature=0.7, seed=1),
+        GenerationConfig(temperature=0.0, tempered_logprobs=True),
+        GenerationConfig(temperature=0.5, top_p=0.9, seed=2, tempered_logprobs=True),
+    ]
+    tokens, logprobs = sample_next(jnp.asarray(logits), SamplingParams.of(rows), jnp.zeros(4, jnp.int32))
+    tokens = np.asarray(tokens)
+    for r, temperature in enumerate((0.7, 1.0, 1.0, 0.5)):
+        z = logits[r].astype(np.float64) / temperature
+        expected = z[tokens[r]] - z.max() - np.log(np.exp(z - z.max()).sum())
+        assert float(logprobs[r]) == pytest.approx(expected, abs=1e-5)
+    assert tokens[2] == np.argmax(logits[2])
+    # untempered rows are bitwise the log-softmax of the logits, whatever the other rows ask
+    plain = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)[np.arange(4), tokens]
+    assert float(logprobs[1]) == float(plain[1])
+    assert float(logprobs[2]) == float(plain[2])
 
 
 def test_sample_next_keeps_only_the_tokens_top_k_and_top_p_allow() -> None:

@@ -18,6 +18,7 @@ from finetune_support import write_tiny_llama
 
 from ponente.trainer.main import train_rl
 from ponente.trainer.rewards import exact_match, load_reward, math_answer, regex_match
+from ponente.trainer.run import load_hf_weights
 from ponente.trainer.tasks.rl import group_advantages, policy_loss, rollout_seed
 
 EPS = 0.2
@@ -338,6 +339,90 @@ def test_chat_prompts_are_rendered_as_transformers_renders_them(tiny_llama: Path
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert task._render(messages) == expected
     assert task._render("2+3=") == "2+3="
+
+
+def _hf_logprobs(folder: Path, tokens: np.ndarray, temperature: float) -> np.ndarray:
+    """TRL's per-token log-probs (``_get_per_token_logps``: ``logits / temperature``, then the log-softmax at the next
+    token) from transformers' forward, in float64; ``[batch, position]`` aligned on the predicting position."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(tokens, dtype=torch.long)).logits.double().numpy()
+    z = logits / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    log_softmax = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    out = np.zeros(tokens.shape, np.float64)
+    out[:, :-1] = np.take_along_axis(log_softmax[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def other_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("other_llama"), seed=1, max_positions=64)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("blockwise", [False, True])
+def test_the_loss_weighs_the_log_probs_of_the_tempered_policy_and_reference(
+    tmp_path: Path,
+    tiny_llama: Path,
+    other_llama: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    temperature: float,
+    blockwise: bool,
+) -> None:
+    """``RlTask.loss`` at ``rl.temperature`` T is TRL's GRPO loss on the log-probs of ``logits / T`` of the policy and
+    of the KL reference (transformers' logits, a NumPy transcription of the loss); ``blockwise``: the path of a large
+    vocabulary, where the hidden states are divided (forced here on the tiny vocabulary)."""
+    import jax
+    import jmp
+
+    import ponente.models.loss
+    from ponente.trainer.tasks.dpo import PolicyAndReference
+
+    if blockwise:
+        monkeypatch.setattr(ponente.models.loss, "cross_entropy_block_size", lambda model, block_size="auto": 128)
+    extra = (f"--rl.temperature={temperature}", "--rl.kl_coef=0.05", "--rl.max_new_tokens=8")
+    task = _task(tiny_llama, f"--data.train_urls=[{_prompts(tmp_path)}]", *extra)
+    mp = jmp.get_policy("f32")
+    policy = task.pretrained_model(mp).policy
+    reference = load_hf_weights(str(other_llama), task.model_config, mp)
+    rng = np.random.default_rng(0)
+    n, t = 8, 16
+    tokens = rng.integers(4, task.Vocab.size, (n, t)).astype(np.int32)
+    mask = np.zeros((n, t), np.float32)
+    for i in range(n):
+        mask[i, 2 + i % 3 : 2 + i % 3 + 2 + i % 6] = 1.0
+    expected_logp = _hf_logprobs(tiny_llama, tokens, temperature) * mask
+    ref_logp = _hf_logprobs(other_llama, tokens, temperature) * mask
+    old = (expected_logp + rng.normal(0, 0.2, (n, t))) * mask  # some ratios outside the clip
+    adv = group_advantages(rng.integers(0, 2, n).astype(np.float64), 4, "grpo")
+    batch = task._named(tokens, mask, old.astype(np.float32), adv.astype(np.float32))
+    value, metrics = jax.jit(lambda m, b: task.loss(m, b, key=None))(PolicyAndReference(policy, reference), batch)
+    expected, kl, clip_fraction = _np_loss(expected_logp, old, ref_logp, adv, mask, "grpo", 0.05, 8)
+    assert float(value) == pytest.approx(expected, abs=1e-5, rel=1e-4)
+    assert float(metrics["train/rl/kl"]) == pytest.approx(kl, abs=1e-5, rel=1e-4)
+    assert float(metrics["train/rl/clip_fraction"]) == pytest.approx(clip_fraction, abs=1e-6)
+    assert 0.0 < clip_fraction < 1.0
+
+
+def test_rollout_old_logprobs_are_the_tempered_policys(tmp_path: Path, tiny_llama: Path) -> None:
+    """The rollouts' ``old_logprobs`` at ``rl.temperature`` 0.7 are transformers' ``log_softmax(logits / 0.7)`` at the
+    sampled tokens, so on policy the ratio of the loss is 1."""
+    import jmp
+
+    from ponente.trainer.inference import Engine
+
+    task = _task(tiny_llama, f"--data.train_urls=[{_prompts(tmp_path)}]", "--rl.temperature=0.7")
+    task.engine = Engine(task.pretrained_model(jmp.get_policy("f32")), task.tokenizer, max_batch_size=8)
+    batch = task.make_batch({"row_index": np.arange(8), "prompt_index": np.repeat([0, 2], 4)})
+    tokens = np.asarray(batch["input_ids"].array)
+    mask = np.asarray(batch["completion_mask"].array)
+    old = np.asarray(batch["old_logprobs"].array)
+    assert mask.sum() > 8
+    np.testing.assert_allclose(old, _hf_logprobs(tiny_llama, tokens, 0.7) * mask, atol=1e-4)
 
 
 # -- prompts from a Hugging Face dataset -------------------------------------------------------------------------

@@ -27,7 +27,10 @@ class GenerationConfig:
         seed: the random seed; the same prompt, config and seed give the same completion, whatever else is in
             the batch.
         logprobs: report the log-probability of each generated token (under the model's distribution, before
-            temperature and filtering).
+            temperature and filtering, unless ``tempered_logprobs``).
+        tempered_logprobs: report the log-probabilities under the distribution the token was drawn from,
+            ``log_softmax(logits / temperature)``, still before ``top_k``/``top_p`` (what ``ponente-rl`` needs as the
+            old policy's); ignored at temperature 0 (greedy: the model's distribution).
 
     Example:
         >>> config = GenerationConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, stop_strings=("\\n",))
@@ -43,6 +46,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     logprobs: bool = False
+    tempered_logprobs: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

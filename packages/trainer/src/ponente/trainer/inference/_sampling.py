@@ -22,6 +22,8 @@ class SamplingParams(eqx.Module):
         top_k: ``(batch,)`` int32; 0 keeps every token.
         top_p: ``(batch,)`` float32; 1 keeps every token.
         keys: ``(batch, 2)`` uint32 raw PRNG keys, one per row (from its seed).
+        tempered: ``(batch,)`` bool: report the row's log-probs under ``logits / temperature``
+            (:attr:`GenerationConfig.tempered_logprobs`).
         filtered: whether any row uses ``top_k``/``top_p`` (static: rows without filters skip the sort).
         greedy: whether every row is greedy (static: no random draw at all).
     """
@@ -30,6 +32,7 @@ class SamplingParams(eqx.Module):
     top_k: jax.Array
     top_p: jax.Array
     keys: jax.Array
+    tempered: jax.Array
     filtered: bool = eqx.field(static=True)
     greedy: bool = eqx.field(static=True)
 
@@ -58,6 +61,7 @@ class SamplingParams(eqx.Module):
             top_k=np.asarray([c.top_k or 0 for c in rows], np.int32),  # type: ignore[arg-type]
             top_p=np.asarray([c.top_p or 1.0 for c in rows], np.float32),  # type: ignore[arg-type]
             keys=np.stack([key_of(c.seed) for c in rows]),  # type: ignore[arg-type]
+            tempered=np.asarray([c.tempered_logprobs for c in rows], np.bool_),  # type: ignore[arg-type]
             filtered=any(c.top_k is not None or c.top_p is not None for c in rows),
             greedy=all(c.temperature == 0 for c in rows) if greedy is None else greedy,
         )
@@ -78,7 +82,8 @@ def sample_next(logits: jax.Array, params: SamplingParams, steps: jax.Array) -> 
 
     Returns:
         ``(tokens, logprobs)``: ``(batch,)`` int32 ids and ``(batch,)`` float32 log-probabilities of those ids under
-        the unmodified distribution ``log_softmax(logits)``.
+        the unmodified distribution ``log_softmax(logits)``, or, for the rows with ``tempered`` and a temperature
+        above 0, under the tempered one ``log_softmax(logits / temperature)`` (before ``top_k``/``top_p``).
     """
     logits = logits.astype(jnp.float32)
     best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -93,7 +98,9 @@ def sample_next(logits: jax.Array, params: SamplingParams, steps: jax.Array) -> 
             row_filtered = (params.top_k > 0) | (params.top_p < 1)
             drawn = jnp.where(row_filtered, _sample_filtered(scores, params, keys), drawn)
         tokens = jnp.where(params.temperature > 0, drawn, best)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    # untempered rows divide by 1.0, which is exact: their log-probs are bitwise those of log_softmax(logits)
+    divisor = jnp.where(params.tempered & (params.temperature > 0), params.temperature, 1.0)
+    logprobs = jax.nn.log_softmax(logits / divisor[:, None], axis=-1)
     return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
 
 

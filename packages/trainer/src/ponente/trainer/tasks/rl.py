@@ -11,8 +11,8 @@ A step of :class:`RlTask`:
 3. the reward function scores each ``(prompt, completion, example)`` on the host, :func:`group_advantages` turns
    the rewards into advantages;
 4. the batch (prompt + completion tokens, the completion mask, the advantages, the engine's log-probs of the
-   sampled tokens as the old policy's) goes through the normal compiled training step, whose loss is
-   :func:`policy_loss`;
+   sampled tokens under ``logits / rl.temperature`` as the old policy's) goes through the normal compiled training
+   step, whose loss is :func:`policy_loss`;
 5. a hook logs the ``train/rl/*`` host metrics and, every ``rl.sync_every`` steps, swaps the trained weights into
    the engine (:meth:`~ponente.trainer.inference.Engine.update_weights`, nothing recompiles).
 
@@ -80,7 +80,7 @@ class RlConfig:
     Attributes:
         group_size: completions sampled per prompt (>= 2: the advantages compare them).
         max_new_tokens: the most tokens of a completion (also Dr. GRPO's constant normaliser).
-        temperature: the sampling temperature (> 0).
+        temperature: the sampling temperature (> 0); every log-prob of the loss is that of ``logits / temperature``.
         top_p: nucleus sampling (None: off).
         stop_tokens: tokens that end a completion (empty: the tokenizer's end-of-sequence token).
         stop_strings: strings that end a completion (the text is cut before them).
@@ -215,18 +215,41 @@ def policy_loss(
     return value, {"train/rl/kl": kl, "train/rl/clip_fraction": clip_fraction}
 
 
-def token_logprobs(model: Any, tokens: hax.NamedArray, mask: hax.NamedArray, *, key: Any) -> Any:
+def token_logprobs(
+    model: Any, tokens: hax.NamedArray, mask: hax.NamedArray, *, key: Any, temperature: float = 1.0
+) -> Any:
     """``[batch, position]`` log-probs of the next token at every position where ``mask`` (prediction-aligned)
-    is 1 (0 elsewhere), float32."""
+    is 1 (0 elsewhere), float32, under the tempered distribution ``log_softmax(logits / temperature)``.
+
+    ``temperature == 1`` is the model's next-token cross-entropy (:func:`~ponente.models.loss.compute_next_token_loss`)
+    as is. Otherwise the float32 logits are divided by ``temperature``; a model whose loss is blockwise (a vocabulary
+    from :data:`~ponente.models.loss.FUSED_LOSS_MIN_VOCAB` entries on, see
+    :func:`~ponente.models.loss.cross_entropy_block_size`) never materializes its logits, and its final hidden states
+    are divided instead (the logits are linear in them: ``hidden · lm_head``).
+    """
     import jax.numpy as jnp
 
     from ponente.models import LmExample
-    from ponente.models.loss import compute_next_token_loss
+    from ponente.models.loss import blockwise_cross_entropy_loss, compute_next_token_loss, cross_entropy_block_size
 
     example = LmExample.causal(tokens, loss_mask=mask)
-    per_token = compute_next_token_loss(model, example, key=key, reduction="none")
-    nll = per_token.rearrange(AXES).array.astype(jnp.float32)
-    return -nll * mask.rearrange(AXES).array
+    if temperature == 1.0:
+        per_token = compute_next_token_loss(model, example, key=key, reduction="none")
+        nll = per_token.rearrange(AXES).array.astype(jnp.float32)
+        return -nll * mask.rearrange(AXES).array
+    Pos = tokens.resolve_axis("position")
+    targets = hax.roll(tokens, -1, Pos)
+    kwargs = {} if example.pos_ids is None else {"pos_ids": example.pos_ids}
+    block = cross_entropy_block_size(model)
+    if block is not None:
+        hidden = model.activations(tokens, example.attn_mask, key=key, **kwargs)
+        nll = blockwise_cross_entropy_loss(hidden / temperature, model.get_lm_head(), targets, block_size=block)
+    else:
+        logits = model(tokens, example.attn_mask, key=key, **kwargs).astype(jnp.float32) / temperature
+        target_logits = hax.sum(logits * hax.nn.one_hot(targets, model.Vocab, dtype=jnp.float32), model.Vocab)
+        nll = hax.nn.logsumexp(logits, model.Vocab) - target_logits
+    nll = nll.astype(jnp.float32) * example.loss_mask  # as compute_next_token_loss: no target at the last position
+    return -nll.rearrange(AXES).array * mask.rearrange(AXES).array
 
 
 def rollout_seed(seed: int, step: int, prompt_index: int, sample: int) -> int:
@@ -539,6 +562,7 @@ class RlTask(Task):
                 stop_strings=tuple(rl.stop_strings),
                 seed=rollout_seed(self.seed, int(j) // batch_size, int(p), int(j) % rl.group_size),
                 logprobs=True,
+                tempered_logprobs=True,
             )
             for j, p in zip(index, prompts, strict=True)
         ]
@@ -574,10 +598,12 @@ class RlTask(Task):
         import jax
 
         mask = batch["completion_mask"]
-        logp = token_logprobs(self.policy(model), batch["input_ids"], mask, key=key)
+        temperature = self.rl.temperature
+        logp = token_logprobs(self.policy(model), batch["input_ids"], mask, key=key, temperature=temperature)
         ref = None
         if self.paired:
-            ref = jax.lax.stop_gradient(token_logprobs(model.reference, batch["input_ids"], mask, key=None))
+            ref = token_logprobs(model.reference, batch["input_ids"], mask, key=None, temperature=temperature)
+            ref = jax.lax.stop_gradient(ref)
         return policy_loss(
             logp,
             batch["old_logprobs"].rearrange(AXES).array,
