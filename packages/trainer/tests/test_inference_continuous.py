@@ -101,8 +101,9 @@ def test_a_short_request_sent_after_a_long_one_completes_first(engine: Engine, p
         return on_done
 
     long_config, short_config = GenerationConfig(max_new_tokens=30), GenerationConfig(max_new_tokens=2)
-    engine.submit(PROMPTS[2], long_config, on_done=finish("long"))
-    for _ in range(5):  # the long request is decoding when the short one arrives
+    streamed: list[int] = []
+    engine.submit(PROMPTS[2], long_config, on_done=finish("long"), on_token=lambda *args: streamed.append(args[1]))
+    while not streamed:  # the long request is decoding when the short one arrives
         engine.step()
     engine.submit(PROMPTS[0], short_config, on_done=finish("short"))
     while engine.busy:

@@ -616,7 +616,13 @@ class _ContinuousBatch:
         self._keys: dict[int, np.ndarray] = {}  # seed -> raw PRNG key
         self._admitted = 0
         self.steps = 0
-        """Compiled steps run so far."""
+        """Steps run so far (a call of several decode steps counts each)."""
+        self.calls = 0
+        """Compiled calls run so far (at most :attr:`steps`: a call may run several decode steps)."""
+        self.fallbacks = 0
+        """Calls that could have run several decode steps but ran one: the free pages could not cover more."""
+        self.force_single_step = False
+        """Testing and benchmarks: always one step per call (as ``steps_per_call=1``, without another engine)."""
         self.peak_pages = 0
         """The most pages referenced at once so far."""
         self.page_token_steps = 0
@@ -766,6 +772,10 @@ class _ContinuousBatch:
             feeds = self._plan()
             if not feeds:
                 return
+            n_steps = self._block(feeds)
+            if n_steps > 1:
+                self._run_block(feeds, n_steps)
+                return
             total = sum(feeds.values())
             rows = max(_pow2(total), _MIN_ROWS)
             rows = math.ceil(rows / self.engine._batch_shards) * self.engine._batch_shards
@@ -805,6 +815,7 @@ class _ContinuousBatch:
                     self.engine.vocab_size,
                 )
             self.steps += 1
+            self.calls += 1
             self.page_token_steps += self.pool.in_use * self.page_size
             self.cached_token_steps += sum(cast(_Sequence, self._slot[s]).cached + n for s, n in feeds.items()) + sum(
                 seq.cached for s, seq in enumerate(self._slot) if seq is not None and s not in feeds
@@ -822,6 +833,98 @@ class _ContinuousBatch:
                     continue  # the prompt goes on in the next step
                 r = sample_row[slot]
                 self._take(seq, int(host_tokens[r]), float(host_logprobs[r]))
+                if seq.finish is not None:
+                    self._finish(slot, seq)
+
+    def _block(self, feeds: dict[int, int]) -> int:
+        """How many decode steps this call runs (1: the mixed step above), with the pages they need allocated.
+
+        Several only when every busy slot decodes (feeds the last token of its sequence, no prompt chunk) and no
+        waiting sequence could take a free slot: then ``steps_per_call`` steps (a power of two no larger than needed
+        for the longest remaining budget), halved until the free pages cover every row's next tokens (rows whose
+        budget ends first stop writing). Never preempts: without pages, one step.
+        """
+        most = self.engine.steps_per_call
+        if most < 2 or self.force_single_step:
+            return 1
+        seqs = [cast(_Sequence, self._slot[s]) for s in feeds]
+        if len(feeds) != sum(seq is not None for seq in self._slot):
+            return 1  # a slot waits for prompt budget
+        if any(seq.cached != seq.length - 1 for seq in seqs):
+            return 1  # a prompt chunk
+        with self._lock:
+            if self._waiting and None in self._slot:
+                return 1  # a waiting sequence lacks pages: let finished ones free them at every step
+        n_steps = min(most, _pow2(max(seq.budget - len(seq.tokens) for seq in seqs)))
+        while n_steps > 1:
+            needed = [
+                (seq.cached + min(n_steps, seq.budget - len(seq.tokens)) - 1) // self.page_size + 1 - len(seq.pages)
+                for seq in seqs
+            ]
+            if sum(max(n, 0) for n in needed) <= self.pool.available:
+                for seq, n in zip(seqs, needed, strict=True):
+                    for _ in range(n):
+                        seq.pages.append(cast(int, self.pool.allocate()))
+                self.peak_pages = max(self.peak_pages, self.pool.in_use)
+                return n_steps
+            n_steps //= 2
+        self.fallbacks += 1
+        return 1
+
+    def _run_block(self, feeds: dict[int, int], n_steps: int) -> None:
+        """``n_steps`` decode steps of the decoding slots in one compiled call; the host then takes each row's tokens
+        in order (the 1-step order: step by step, slot by slot) until it finishes, and drops the rest."""
+        slots = list(feeds)
+        rows = max(_pow2(len(slots)), _MIN_ROWS)
+        rows = math.ceil(rows / self.engine._batch_shards) * self.engine._batch_shards
+        seqs = [cast(_Sequence, self._slot[s]) for s in slots]
+        most_pages = max(len(seq.pages) for seq in seqs)
+        seq_pages = min(max(_pow2(most_pages), _MIN_GATHER // self.page_size), self.pages_per_seq)
+        tokens = np.zeros((rows,), np.int32)
+        pos = np.zeros((rows,), np.int32)
+        left = np.zeros((rows,), np.int32)  # steps whose keys and values a row stores (0: a padding row)
+        table = np.zeros((rows, seq_pages), np.int32)
+        steps = np.zeros((rows,), np.int32)
+        configs: list[GenerationConfig | None] = [None] * rows
+        for r, seq in enumerate(seqs):
+            tokens[r] = seq.token_at(seq.cached, seq.cached + 1)[0]
+            pos[r] = seq.cached
+            left[r] = min(n_steps, seq.budget - len(seq.tokens))
+            table[r, : len(seq.pages)] = seq.pages
+            steps[r] = len(seq.tokens)
+            configs[r] = seq.config
+        with self.engine._on_mesh():
+            self._kv, new_tokens, new_logprobs = _PAGED_STEPS(
+                self.engine.model,
+                self._device_pool(),
+                jnp.asarray(tokens),
+                jnp.asarray(pos),
+                hax.named(jnp.asarray(table), (Axis("batch", rows), Axis("seq_page", seq_pages))),
+                jnp.asarray(left),
+                self._params(configs),
+                jnp.asarray(steps),
+                n_steps,
+                self.engine.max_seq_len - 1,
+                self.engine.vocab_size,
+            )
+        self.steps += n_steps
+        self.calls += 1
+        self.page_token_steps += self.pool.in_use * self.page_size * n_steps
+        self.cached_token_steps += sum(
+            (seq.cached + 1) * n_steps + n_steps * (n_steps - 1) // 2 for seq in self._slot if seq is not None
+        )
+        host_tokens, host_logprobs = (np.asarray(a) for a in jax.device_get((new_tokens, new_logprobs)))
+        for seq in seqs:
+            seq.cached += n_steps  # a sequence that finishes before gives its pages back anyway
+            full = min(seq.cached, len(seq.prompt)) // self.page_size
+            while seq.registered < min(full, len(seq.hashes)):
+                self.pool.register(seq.hashes[seq.registered], seq.pages[seq.registered])
+                seq.registered += 1
+        for j in range(n_steps):
+            for r, (slot, seq) in enumerate(zip(slots, seqs, strict=True)):
+                if seq.finish is not None:
+                    continue
+                self._take(seq, int(host_tokens[j, r]), float(host_logprobs[j, r]))
                 if seq.finish is not None:
                     self._finish(slot, seq)
 
@@ -882,7 +985,54 @@ def _paged_step(
     return PagedKvCache(cache.keys, cache.values), new_tokens, logprobs
 
 
+def _paged_steps(
+    model: Any,
+    pool: Any,
+    tokens: jax.Array,
+    pos: jax.Array,
+    table: NamedArray,
+    left: jax.Array,
+    params: SamplingParams,
+    steps: jax.Array,
+    n_steps: int,
+    max_pos: int,
+    vocab_size: int,
+) -> tuple[Any, jax.Array, jax.Array]:
+    """``n_steps`` decode steps of the continuous batch in one loop: each row feeds its last token at its position,
+    stores its keys and values in its pages (only its first ``left`` steps: later ones are past its budget) and
+    samples the next token (draw index ``steps``, then one more each step), which it feeds at the next position.
+
+    Returns:
+        ``(pool, tokens (n_steps, rows), logprobs (n_steps, rows))``.
+    """
+    Batch, Pos = table.resolve_axis("batch"), Axis("position", 1)
+    first = hax.named(jnp.zeros((Batch.size,), jnp.int32), Batch)
+
+    def step(
+        carry: tuple[Any, jax.Array, jax.Array, jax.Array], j: jax.Array
+    ) -> tuple[tuple[Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+        pool, tokens, pos, steps = carry
+        cache = pool.with_pages(table, hax.named((j < left)[:, None], (Batch, Pos)))
+        logits, cache = model.decode(
+            hax.named(tokens[:, None], (Batch, Pos)),
+            cache,
+            hax.named(jnp.minimum(pos, max_pos)[:, None], (Batch, Pos)),
+            logits_at=first,
+        )
+        final = logits.rearrange((Batch, model.Vocab)).array
+        new_tokens, logprobs = sample_next(_only_real_ids(final, vocab_size), params, steps)
+        return (PagedKvCache(cache.keys, cache.values), new_tokens, pos + 1, steps + 1), (new_tokens, logprobs)
+
+    (pool, _, _, _), (all_tokens, all_logprobs) = jax.lax.scan(
+        step, (pool, tokens, pos, steps), jnp.arange(n_steps, dtype=jnp.int32)
+    )
+    return pool, all_tokens, all_logprobs
+
+
 _NEW_POOL = named_jit(_new_pool)
+_PAGED_STEPS = named_jit(
+    _paged_steps, donate_args=(False, True, False, False, False, False, False, False, False, False, False)
+)
 _PAGED_STEP = named_jit(_paged_step, donate_args=(False, True, False, False, False, False, False, False, False, False))
 
 
