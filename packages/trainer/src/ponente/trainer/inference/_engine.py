@@ -86,9 +86,10 @@ class Engine:
         vocab_size: the number of real token ids; ids at or above it get probability 0 (None: the tokenizer's
             size, counting added tokens, when there is a tokenizer; else the model's real ``vocab_size``, else
             its whole vocabulary axis).
-        steps_per_call: static batches only: the most decode steps one compiled call runs before the host reads
-            their tokens (fewer host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its
-            end, and streamed tokens arrive in groups of this size).
+        steps_per_call: the most decode steps one compiled call runs before the host reads their tokens (fewer
+            host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its end, and streamed
+            tokens arrive in groups of up to this size; 1: one step per call). Continuous batching runs several only
+            while every busy slot decodes and no waiting request could take a free slot (see below).
         continuous: True: continuous batching over a paged cache (see below); False: static batches, each with a
             contiguous cache; None: continuous whenever the model's cache can be paged (every decoder-only family
             but DeepSeek-V3, whose latent cache cannot).
@@ -108,6 +109,12 @@ class Engine:
     takes pages only as its tokens reach them (when the pool runs out, the youngest sequence gives its pages back
     and later recomputes them). Programs compile once per (tokens per step, pages per slot) bucket, both powers of two.
     A request's greedy tokens do not depend on the other requests, and its sampled tokens depend only on its seed.
+    When every busy slot decodes (no prompt chunk) and no waiting request could be admitted, one call runs up to
+    ``steps_per_call`` decode steps (a power of two: enough for the longest remaining budget, halved until the free
+    pages hold every row's next tokens; never preempting: one step without them); the host takes each sequence's
+    tokens in order until it ends and drops the rest, so the completions equal those of one step per call, and a
+    request arriving meanwhile joins at the next call. Calls whose rows are all greedy compile without the random
+    draw (two programs per bucket at most).
 
     Raises:
         ValueError: for ``max_batch_size < 1``, ``max_seq_len < 2``, ``vocab_size`` outside ``[1, vocabulary
@@ -597,7 +604,8 @@ class _ContinuousBatch:
     prompt tokens per step in all) its next chunk of prompt tokens, in one compiled call whose rows are the tokens
     fed (a power of two, at least 8) over the pages their slots own (``seq_page``: the power of two holding the
     most pages a slot owns, at least 64 tokens' worth); slots that finished their prompt sample their next token.
-    Waiting sequences take free slots between steps, finished ones leave.
+    Waiting sequences take free slots between steps, finished ones leave. While every busy slot decodes, one call
+    may run several decode steps (:meth:`_block`, :func:`_paged_steps`).
     """
 
     def __init__(self, engine: Engine, template: Any) -> None:
