@@ -186,25 +186,35 @@ def test_several_steps_per_call_equal_one_step_per_call(texts: tuple[Engine, Eng
         _same(g, w)
 
 
-def test_a_stop_string_inside_a_block_gives_the_one_step_text(texts: tuple[Engine, Engine]) -> None:
+def test_a_stop_token_or_string_inside_a_block_gives_the_one_step_completion(texts: tuple[Engine, Engine]) -> None:
+    """One request alone: its first token comes from the prefill, tokens 1-8 from one block of 8 steps."""
     multi, single = texts
-    full = single.generate([PROMPTS[2]], GenerationConfig(max_new_tokens=16))[0].text
-    stop = full[len(full) // 2 : len(full) // 2 + 2]
-    config = GenerationConfig(max_new_tokens=16, stop_strings=(stop,), logprobs=True)
-    streamed: list[str] = []
-    got = multi.generate([PROMPTS[2]], config, on_token=lambda i, t, delta, lp: streamed.append(delta))[0]
-    want = single.generate([PROMPTS[2]], config)[0]
-    assert got.finish_reason == "stop" and 1 < len(got.tokens) < 16 and stop not in got.text
-    assert "".join(streamed) == got.text
-    _same(got, want)
+    assert multi._batch is not None
+    reference = single.generate([PROMPTS[2]], GenerationConfig(max_new_tokens=16))[0].tokens
+    at = next(i for i in range(2, 8) if reference[i] not in reference[:i])
+    start = len(multi.tokenizer.decode(reference[:3]))
+    stop_string = multi.tokenizer.decode(reference)[start : start + 2]
+    for config in (
+        GenerationConfig(max_new_tokens=16, stop_token_ids=(reference[at],), logprobs=True),
+        GenerationConfig(max_new_tokens=16, stop_strings=(stop_string,), logprobs=True),
+    ):
+        streamed: list[str] = []
+        calls, steps = multi._batch.calls, multi._batch.steps
+        got = multi.generate([PROMPTS[2]], config, on_token=lambda i, t, delta, lp: streamed.append(delta))[0]
+        assert multi._batch.calls - calls < multi._batch.steps - steps
+        want = single.generate([PROMPTS[2]], config)[0]
+        assert got.finish_reason == "stop" and 2 < len(got.tokens) < 9  # stopped inside the block
+        assert "".join(streamed) == got.text
+        _same(got, want)
 
 
-def test_without_free_pages_a_block_runs_fewer_steps(engine: Engine, plain: Engine) -> None:
-    """Two prompts of 19 tokens and 8 new ones need 14 pages of the 12: when both decode, the pool is empty and the
-    younger one's next token needs a new page, so the call runs one step (the next one preempts); same tokens."""
+def test_without_free_pages_a_call_runs_one_step(engine: Engine, plain: Engine) -> None:
+    """Two prompts of 18 tokens with 14 new ones need 16 pages of the 12. Once both decode (the first at 23 tokens,
+    the second at 18: 11 pages), their next 8 tokens need 4 more pages and the pool has 1: the call runs one step
+    (a later one preempts the second, which then runs alone, in blocks); the tokens do not change."""
     assert engine._batch is not None
-    prompts = [list(range(100, 119)), list(range(200, 219))]
-    config = GenerationConfig(max_new_tokens=8, temperature=0.8, seed=3)
+    prompts = [list(range(100, 118)), list(range(200, 218))]
+    config = GenerationConfig(max_new_tokens=14, temperature=0.8, seed=3)
     engine.reset_prefix_cache()
     fallbacks, calls, steps = engine._batch.fallbacks, engine._batch.calls, engine._batch.steps
     together = engine.generate(prompts, config)

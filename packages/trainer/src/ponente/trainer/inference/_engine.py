@@ -109,9 +109,9 @@ class Engine:
     takes pages only as its tokens reach them (when the pool runs out, the youngest sequence gives its pages back
     and later recomputes them). Programs compile once per (tokens per step, pages per slot) bucket, both powers of two.
     A request's greedy tokens do not depend on the other requests, and its sampled tokens depend only on its seed.
-    When every busy slot decodes (no prompt chunk) and no waiting request could be admitted, one call runs up to
-    ``steps_per_call`` decode steps (a power of two: enough for the longest remaining budget, halved until the free
-    pages hold every row's next tokens; never preempting: one step without them); the host takes each sequence's
+    When every busy slot decodes (no prompt chunk), no waiting request could be admitted and every sequence has at
+    least ``steps_per_call`` tokens of budget left, one call runs ``steps_per_call`` decode steps (the pages they
+    need taken first; never preempting: one step when the pool cannot give them); the host takes each sequence's
     tokens in order until it ends and drops the rest, so the completions equal those of one step per call, and a
     request arriving meanwhile joins at the next call. Calls whose rows are all greedy compile without the random
     draw (two programs per bucket at most).
@@ -629,8 +629,6 @@ class _ContinuousBatch:
         """Compiled calls run so far (at most :attr:`steps`: a call may run several decode steps)."""
         self.fallbacks = 0
         """Calls that could have run several decode steps but ran one: the free pages could not cover more."""
-        self.force_single_step = False
-        """Testing and benchmarks: always one step per call (as ``steps_per_call=1``, without another engine)."""
         self.peak_pages = 0
         """The most pages referenced at once so far."""
         self.page_token_steps = 0
@@ -848,12 +846,12 @@ class _ContinuousBatch:
         """How many decode steps this call runs (1: the mixed step above), with the pages they need allocated.
 
         Several only when every busy slot decodes (feeds the last token of its sequence, no prompt chunk) and no
-        waiting sequence could take a free slot: then ``steps_per_call`` steps (a power of two no larger than needed
-        for the longest remaining budget), halved until the free pages cover every row's next tokens (rows whose
-        budget ends first stop writing). Never preempts: without pages, one step.
-        """
+        waiting sequence could take a free slot, every sequence has at least ``steps_per_call`` tokens of budget left
+        (none runs past it, and one that ends by length frees its slot with the block) and the free pages hold every
+        row's next ``steps_per_call`` tokens (they are taken now): then ``steps_per_call`` steps. Never preempts:
+        without pages, one step (:attr:`fallbacks`)."""
         most = self.engine.steps_per_call
-        if most < 2 or self.force_single_step:
+        if most < 2:
             return 1
         seqs = [cast(_Sequence, self._slot[s]) for s in feeds]
         if len(feeds) != sum(seq is not None for seq in self._slot):
@@ -863,21 +861,19 @@ class _ContinuousBatch:
         with self._lock:
             if self._waiting and None in self._slot:
                 return 1  # a waiting sequence lacks pages: let finished ones free them at every step
-        n_steps = min(most, _pow2(max(seq.budget - len(seq.tokens) for seq in seqs)))
-        while n_steps > 1:
-            needed = [
-                (seq.cached + min(n_steps, seq.budget - len(seq.tokens)) - 1) // self.page_size + 1 - len(seq.pages)
-                for seq in seqs
-            ]
-            if sum(max(n, 0) for n in needed) <= self.pool.available:
-                for seq, n in zip(seqs, needed, strict=True):
-                    for _ in range(n):
-                        seq.pages.append(cast(int, self.pool.allocate()))
-                self.peak_pages = max(self.peak_pages, self.pool.in_use)
-                return n_steps
-            n_steps //= 2
-        self.fallbacks += 1
-        return 1
+        # one program per bucket: steps_per_call steps or one. No row runs past its budget, so a sequence that ends
+        # by length ends with the block and its slot is free for the next call.
+        if min(seq.budget - len(seq.tokens) for seq in seqs) < most:
+            return 1
+        needed = [(seq.cached + most - 1) // self.page_size + 1 - len(seq.pages) for seq in seqs]
+        if sum(max(n, 0) for n in needed) > self.pool.available:
+            self.fallbacks += 1
+            return 1
+        for seq, n in zip(seqs, needed, strict=True):
+            for _ in range(n):
+                seq.pages.append(cast(int, self.pool.allocate()))
+        self.peak_pages = max(self.peak_pages, self.pool.in_use)
+        return most
 
     def _run_block(self, feeds: dict[int, int], n_steps: int) -> None:
         """``n_steps`` decode steps of the decoding slots in one compiled call; the host then takes each row's tokens
