@@ -1,24 +1,24 @@
 """``ponente-serve`` under 16 concurrent clients with mixed prompt and answer lengths: continuous vs static batching.
 
-A small Llama (hidden 128, 2 layers, 4 heads, vocab 4096: the shipped Shakespeare tokenizer; random weights) is
-served by ``ponente.trainer.serve`` (uvicorn on a thread, the app of ``create_app`` over an ``Engine``). Each of
-``CLIENTS`` threads sends ``REQUESTS`` ``/v1/completions`` requests one after the other (greedy, no stop token, so
-every request generates all its tokens); request ``i`` has a prompt of 6 to 65 words and ``max_tokens`` cycling
-through 8, 32, 8, 128 (short and long answers mixed). The same load runs three times, on the same weights: with a
-continuous-batching engine (16 slots, pages of 16 tokens, prefill chunks of 32; ``steps_per_call`` 8, the default,
-then 1: ``continuous-1-step``) and with static batches of up to 16 prompts (``continuous=False``: a batch runs until its longest request ends). Before timing, warm-up rounds (and the timed load
-itself, once) compile the programs the load uses; the timed load then runs twice and the faster run counts.
+A small Llama (hidden 128, 2 layers, 4 heads, vocab 4096: the shipped Shakespeare tokenizer; random weights) is served
+by ``ponente.trainer.serve`` (uvicorn on a thread, the app of ``create_app`` over an ``Engine``). Each of ``CLIENTS``
+threads sends ``REQUESTS`` ``/v1/completions`` requests one after the other (greedy, no stop token, so every request
+generates all its tokens); request ``i`` has a prompt of 6 to 65 words and ``max_tokens`` cycling through 8, 32, 8, 128
+(short and long answers mixed). The same load runs three times, on the same weights: with a continuous-batching engine
+(16 slots, pages of 16 tokens, prefill chunks of 32; ``steps_per_call`` 8, the default, then 1: ``continuous-1-step``)
+and with static batches of up to 16 prompts (``continuous=False``: a batch runs until its longest request ends). Before
+timing, warm-up rounds (and the timed load itself, once) compile the programs the load uses; the timed load then runs
+twice and the faster run counts.
 
 Recorded per mode: generated tokens/s over the whole run (wall clock), requests/s, the median and 99th-percentile
 request latency; then the continuous/static ratio of tokens/s. KV memory: the same 16 mixed requests through
-``Engine.generate`` in each mode: the cache slots held per token in flight, averaged over the steps (continuous:
-pages in use x page size over the tokens cached; static: each batch's whole ``rows x cache length`` cache over the
-tokens its rows hold, step by step).
-Decode only (``decode-*``): 16 requests of 16 prompt tokens and 128 greedy new tokens at once through
-``Engine.generate`` (no server), so that after the first steps every slot decodes: the continuous batch with
+``Engine.generate`` in each mode: the cache slots held per token in flight, averaged over the steps (continuous: pages
+in use x page size over the tokens cached; static: each batch's whole ``rows x cache length`` cache over the tokens its
+rows hold, step by step). Decode only (``decode-*``): 16 requests of 16 prompt tokens and 128 greedy new tokens at once
+through ``Engine.generate`` (no server), so that after the first steps every slot decodes: the continuous batch with
 ``steps_per_call`` 8 (several decode steps per compiled call) and 1 (one step per call), and static batches;
-interleaved rounds, the median per round: milliseconds per decode step (a round's wall time over 128, the few
-prefill steps included), the ratios, and whether the three gave the same tokens.
+interleaved rounds, the median per round: milliseconds per decode step (a round's wall time over 128, the few prefill
+steps included), the ratios, and whether the three gave the same tokens.
 
 Knobs: ``PONENTE_BENCH_SERVE_CLIENTS`` (default 16), ``PONENTE_BENCH_SERVE_REQUESTS`` (per client, default 4),
 ``PONENTE_BENCH_SERVE_ROUNDS`` (decode only, default 5), ``PONENTE_BENCH_SERVE_ONLY`` (``load`` or ``decode``: one of

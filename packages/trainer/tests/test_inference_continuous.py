@@ -157,7 +157,8 @@ def test_no_compilation_in_steady_state(engine: Engine, caplog: pytest.LogCaptur
         engine.generate(PROMPTS[::-1], configs)
     compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
     assert not [m for m in compiled if "_paged_step" in m], compiled  # _paged_step and _paged_steps
-    assert engine._batch is not None and engine._batch.calls < engine._batch.steps  # several steps per call ran
+    assert engine._batch is not None
+    assert engine._batch.calls < engine._batch.steps
 
 
 def _same(got: Any, want: Any) -> None:
@@ -167,7 +168,8 @@ def _same(got: Any, want: Any) -> None:
 
 def test_several_steps_per_call_equal_one_step_per_call(texts: tuple[Engine, Engine]) -> None:
     multi, single = texts
-    assert multi._batch is not None and single._batch is not None
+    assert multi._batch is not None
+    assert single._batch is not None
     stop = single.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=10))[0].tokens[4]
     configs = [
         GenerationConfig(max_new_tokens=10, stop_token_ids=(stop,), logprobs=True),  # stops inside a block
@@ -180,8 +182,11 @@ def test_several_steps_per_call_equal_one_step_per_call(texts: tuple[Engine, Eng
     assert multi._batch.calls - calls < multi._batch.steps - steps  # blocks of several steps ran
     single_steps = single._batch.steps
     want = single.generate(PROMPTS, configs)
-    assert single._batch.calls - single._batch.steps == 0 and single._batch.steps > single_steps
-    assert got[0].finish_reason == "stop" and got[0].tokens[-1] == stop and len(got[0].tokens) < 10
+    assert single._batch.calls - single._batch.steps == 0
+    assert single._batch.steps > single_steps
+    assert got[0].finish_reason == "stop"
+    assert got[0].tokens[-1] == stop
+    assert len(got[0].tokens) < 10
     for g, w in zip(got, want, strict=True):
         _same(g, w)
 
@@ -194,16 +199,18 @@ def test_a_stop_token_or_string_inside_a_block_gives_the_one_step_completion(tex
     at = next(i for i in range(2, 8) if reference[i] not in reference[:i])
     start = len(multi.tokenizer.decode(reference[:3]))
     stop_string = multi.tokenizer.decode(reference)[start : start + 2]
+    streamed: list[str] = []
     for config in (
         GenerationConfig(max_new_tokens=16, stop_token_ids=(reference[at],), logprobs=True),
         GenerationConfig(max_new_tokens=16, stop_strings=(stop_string,), logprobs=True),
     ):
-        streamed: list[str] = []
+        streamed.clear()
         calls, steps = multi._batch.calls, multi._batch.steps
         got = multi.generate([PROMPTS[2]], config, on_token=lambda i, t, delta, lp: streamed.append(delta))[0]
         assert multi._batch.calls - calls < multi._batch.steps - steps
         want = single.generate([PROMPTS[2]], config)[0]
-        assert got.finish_reason == "stop" and 2 < len(got.tokens) < 9  # stopped inside the block
+        assert got.finish_reason == "stop"
+        assert 2 < len(got.tokens) < 9
         assert "".join(streamed) == got.text
         _same(got, want)
 
