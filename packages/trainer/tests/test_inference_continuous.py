@@ -49,6 +49,13 @@ def plain(model: Any) -> Engine:
     return Engine(model, **SMALL, prefix_caching=False)
 
 
+@pytest.fixture(scope="module")
+def texts(folder: Path) -> tuple[Engine, Engine]:
+    """Two engines with the tokenizer: several decode steps per call (the default) and one (the reference)."""
+    model, tokenizer = load_model(str(folder))
+    return Engine(model, tokenizer, **SMALL), Engine(model, tokenizer, **SMALL, steps_per_call=1)
+
+
 @functools.cache
 def _hf_model(folder: Path) -> Any:
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -101,8 +108,9 @@ def test_a_short_request_sent_after_a_long_one_completes_first(engine: Engine, p
         return on_done
 
     long_config, short_config = GenerationConfig(max_new_tokens=30), GenerationConfig(max_new_tokens=2)
-    engine.submit(PROMPTS[2], long_config, on_done=finish("long"))
-    for _ in range(5):  # the long request is decoding when the short one arrives
+    streamed: list[int] = []
+    engine.submit(PROMPTS[2], long_config, on_done=finish("long"), on_token=lambda *args: streamed.append(args[1]))
+    while not streamed:  # the long request is decoding when the short one arrives
         engine.step()
     engine.submit(PROMPTS[0], short_config, on_done=finish("short"))
     while engine.busy:
@@ -148,7 +156,80 @@ def test_no_compilation_in_steady_state(engine: Engine, caplog: pytest.LogCaptur
         engine.generate(PROMPTS, configs)
         engine.generate(PROMPTS[::-1], configs)
     compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
-    assert not [m for m in compiled if "paged_step" in m], compiled
+    assert not [m for m in compiled if "_paged_step" in m], compiled  # _paged_step and _paged_steps
+    assert engine._batch is not None
+    assert engine._batch.calls < engine._batch.steps
+
+
+def _same(got: Any, want: Any) -> None:
+    assert (got.tokens, got.text, got.finish_reason) == (want.tokens, want.text, want.finish_reason)
+    assert got.logprobs == want.logprobs
+
+
+def test_several_steps_per_call_equal_one_step_per_call(texts: tuple[Engine, Engine]) -> None:
+    multi, single = texts
+    assert multi._batch is not None
+    assert single._batch is not None
+    stop = single.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=10))[0].tokens[4]
+    configs = [
+        GenerationConfig(max_new_tokens=10, stop_token_ids=(stop,), logprobs=True),  # stops inside a block
+        GenerationConfig(max_new_tokens=5, temperature=0.7, top_k=5, seed=1, logprobs=True),
+        GenerationConfig(max_new_tokens=13, logprobs=True),
+        GenerationConfig(max_new_tokens=11, temperature=1.3, top_p=0.8, seed=2, logprobs=True),
+    ]
+    calls, steps = multi._batch.calls, multi._batch.steps
+    got = multi.generate(PROMPTS, configs)
+    assert multi._batch.calls - calls < multi._batch.steps - steps  # blocks of several steps ran
+    single_steps = single._batch.steps
+    want = single.generate(PROMPTS, configs)
+    assert single._batch.calls - single._batch.steps == 0
+    assert single._batch.steps > single_steps
+    assert got[0].finish_reason == "stop"
+    assert got[0].tokens[-1] == stop
+    assert len(got[0].tokens) < 10
+    for g, w in zip(got, want, strict=True):
+        _same(g, w)
+
+
+def test_a_stop_token_or_string_inside_a_block_gives_the_one_step_completion(texts: tuple[Engine, Engine]) -> None:
+    """One request alone: its first token comes from the prefill, tokens 1-8 from one block of 8 steps."""
+    multi, single = texts
+    assert multi._batch is not None
+    reference = single.generate([PROMPTS[2]], GenerationConfig(max_new_tokens=16))[0].tokens
+    at = next(i for i in range(2, 8) if reference[i] not in reference[:i])
+    start = len(multi.tokenizer.decode(reference[:3]))
+    stop_string = multi.tokenizer.decode(reference)[start : start + 2]
+    streamed: list[str] = []
+    for config in (
+        GenerationConfig(max_new_tokens=16, stop_token_ids=(reference[at],), logprobs=True),
+        GenerationConfig(max_new_tokens=16, stop_strings=(stop_string,), logprobs=True),
+    ):
+        streamed.clear()
+        calls, steps = multi._batch.calls, multi._batch.steps
+        got = multi.generate([PROMPTS[2]], config, on_token=lambda i, t, delta, lp: streamed.append(delta))[0]
+        assert multi._batch.calls - calls < multi._batch.steps - steps
+        want = single.generate([PROMPTS[2]], config)[0]
+        assert got.finish_reason == "stop"
+        assert 2 < len(got.tokens) < 9
+        assert "".join(streamed) == got.text
+        _same(got, want)
+
+
+def test_without_free_pages_a_call_runs_one_step(engine: Engine, plain: Engine) -> None:
+    """Two prompts of 18 tokens with 14 new ones need 16 pages of the 12. Once both decode (the first at 23 tokens,
+    the second at 18: 11 pages), their next 8 tokens need 4 more pages and the pool has 1: the call runs one step
+    (a later one preempts the second, which then runs alone, in blocks); the tokens do not change."""
+    assert engine._batch is not None
+    prompts = [list(range(100, 118)), list(range(200, 218))]
+    config = GenerationConfig(max_new_tokens=14, temperature=0.8, seed=3)
+    engine.reset_prefix_cache()
+    fallbacks, calls, steps = engine._batch.fallbacks, engine._batch.calls, engine._batch.steps
+    together = engine.generate(prompts, config)
+    assert engine._batch.fallbacks > fallbacks
+    assert engine._batch.calls - calls < engine._batch.steps - steps
+    assert engine._batch.peak_pages <= 12
+    for prompt, completion in zip(prompts, together, strict=True):
+        assert completion.tokens == plain.generate([prompt], config)[0].tokens
 
 
 def test_update_weights_then_outputs_equal_transformers_on_the_new_weights(tmp_path: Path, model: Any) -> None:

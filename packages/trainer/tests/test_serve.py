@@ -568,3 +568,21 @@ def test_update_weights_swaps_in_place_and_a_bad_folder_keeps_the_old_ones(clien
         assert httpx.post(url, json={"path": str(folder)}, timeout=120).status_code == 200
     assert greedy() == before
     assert engine.engine.weights_version >= 2
+
+
+def test_serve_config_steps_per_call_reaches_the_engine(monkeypatch):
+    from ponente.trainer.main import serve as main_serve
+    from ponente.trainer.main.serve import ServeConfig
+
+    with pytest.raises(ValueError, match="steps_per_call: must be >= 1"):
+        ServeConfig(hf_checkpoint="model", steps_per_call=0)
+    import ponente.trainer.inference as inference
+    import ponente.trainer.serve as serve_pkg
+
+    seen: dict = {}
+    monkeypatch.setattr(inference, "load_model", lambda *args, **kwargs: (object(), object()))
+    monkeypatch.setattr(inference, "eos_token_ids", lambda source: ())
+    monkeypatch.setattr(serve_pkg, "tokenizer_folder", lambda source: None)
+    monkeypatch.setattr(serve_pkg, "app_for_model", lambda model, tokenizer, **kwargs: seen.update(kwargs))
+    main_serve.build_app(ServeConfig(hf_checkpoint="model", steps_per_call=3))
+    assert seen["engine_options"]["steps_per_call"] == 3

@@ -86,9 +86,10 @@ class Engine:
         vocab_size: the number of real token ids; ids at or above it get probability 0 (None: the tokenizer's
             size, counting added tokens, when there is a tokenizer; else the model's real ``vocab_size``, else
             its whole vocabulary axis).
-        steps_per_call: static batches only: the most decode steps one compiled call runs before the host reads
-            their tokens (fewer host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its
-            end, and streamed tokens arrive in groups of this size).
+        steps_per_call: the most decode steps one compiled call runs before the host reads their tokens (fewer
+            host round trips; a batch may compute up to ``steps_per_call - 1`` steps past its end, and streamed
+            tokens arrive in groups of up to this size; 1: one step per call). Continuous batching runs several only
+            while every busy slot decodes and no waiting request could take a free slot (see below).
         continuous: True: continuous batching over a paged cache (see below); False: static batches, each with a
             contiguous cache; None: continuous whenever the model's cache can be paged (every decoder-only family
             but DeepSeek-V3, whose latent cache cannot).
@@ -108,6 +109,12 @@ class Engine:
     takes pages only as its tokens reach them (when the pool runs out, the youngest sequence gives its pages back
     and later recomputes them). Programs compile once per (tokens per step, pages per slot) bucket, both powers of two.
     A request's greedy tokens do not depend on the other requests, and its sampled tokens depend only on its seed.
+    When every busy slot decodes (no prompt chunk), no waiting request could be admitted and every sequence has at
+    least ``steps_per_call`` tokens of budget left, one call runs ``steps_per_call`` decode steps (the pages they
+    need taken first; never preempting: one step when the pool cannot give them); the host takes each sequence's
+    tokens in order until it ends and drops the rest, so the completions equal those of one step per call, and a
+    request arriving meanwhile joins at the next call. Calls whose rows are all greedy compile without the random
+    draw (two programs per bucket at most).
 
     Raises:
         ValueError: for ``max_batch_size < 1``, ``max_seq_len < 2``, ``vocab_size`` outside ``[1, vocabulary
@@ -597,7 +604,8 @@ class _ContinuousBatch:
     prompt tokens per step in all) its next chunk of prompt tokens, in one compiled call whose rows are the tokens
     fed (a power of two, at least 8) over the pages their slots own (``seq_page``: the power of two holding the
     most pages a slot owns, at least 64 tokens' worth); slots that finished their prompt sample their next token.
-    Waiting sequences take free slots between steps, finished ones leave.
+    Waiting sequences take free slots between steps, finished ones leave. While every busy slot decodes, one call
+    may run several decode steps (:meth:`_block`, :func:`_paged_steps`).
     """
 
     def __init__(self, engine: Engine, template: Any) -> None:
@@ -616,7 +624,11 @@ class _ContinuousBatch:
         self._keys: dict[int, np.ndarray] = {}  # seed -> raw PRNG key
         self._admitted = 0
         self.steps = 0
-        """Compiled steps run so far."""
+        """Steps run so far (a call of several decode steps counts each)."""
+        self.calls = 0
+        """Compiled calls run so far (at most :attr:`steps`: a call may run several decode steps)."""
+        self.fallbacks = 0
+        """Calls that could have run several decode steps but ran one: the free pages could not cover more."""
         self.peak_pages = 0
         """The most pages referenced at once so far."""
         self.page_token_steps = 0
@@ -766,6 +778,10 @@ class _ContinuousBatch:
             feeds = self._plan()
             if not feeds:
                 return
+            n_steps = self._block(feeds)
+            if n_steps > 1:
+                self._run_block(feeds, n_steps)
+                return
             total = sum(feeds.values())
             rows = max(_pow2(total), _MIN_ROWS)
             rows = math.ceil(rows / self.engine._batch_shards) * self.engine._batch_shards
@@ -805,6 +821,7 @@ class _ContinuousBatch:
                     self.engine.vocab_size,
                 )
             self.steps += 1
+            self.calls += 1
             self.page_token_steps += self.pool.in_use * self.page_size
             self.cached_token_steps += sum(cast(_Sequence, self._slot[s]).cached + n for s, n in feeds.items()) + sum(
                 seq.cached for s, seq in enumerate(self._slot) if seq is not None and s not in feeds
@@ -825,10 +842,102 @@ class _ContinuousBatch:
                 if seq.finish is not None:
                     self._finish(slot, seq)
 
+    def _block(self, feeds: dict[int, int]) -> int:
+        """How many decode steps this call runs (1: the mixed step above), with the pages they need allocated.
+
+        Several only when every busy slot decodes (feeds the last token of its sequence, no prompt chunk) and no
+        waiting sequence could take a free slot, every sequence has at least ``steps_per_call`` tokens of budget left
+        (none runs past it, and one that ends by length frees its slot with the block) and the free pages hold every
+        row's next ``steps_per_call`` tokens (they are taken now): then ``steps_per_call`` steps. Never preempts:
+        without pages, one step (:attr:`fallbacks`)."""
+        most = self.engine.steps_per_call
+        if most < 2:
+            return 1
+        seqs = [cast(_Sequence, self._slot[s]) for s in feeds]
+        if len(feeds) != sum(seq is not None for seq in self._slot):
+            return 1  # a slot waits for prompt budget
+        if any(seq.cached != seq.length - 1 for seq in seqs):
+            return 1  # a prompt chunk
+        with self._lock:
+            if self._waiting and None in self._slot:
+                return 1  # a waiting sequence lacks pages: let finished ones free them at every step
+        # one program per bucket: steps_per_call steps or one. No row runs past its budget, so a sequence that ends
+        # by length ends with the block and its slot is free for the next call.
+        if min(seq.budget - len(seq.tokens) for seq in seqs) < most:
+            return 1
+        needed = [(seq.cached + most - 1) // self.page_size + 1 - len(seq.pages) for seq in seqs]
+        if sum(max(n, 0) for n in needed) > self.pool.available:
+            self.fallbacks += 1
+            return 1
+        for seq, n in zip(seqs, needed, strict=True):
+            for _ in range(n):
+                seq.pages.append(cast(int, self.pool.allocate()))
+        self.peak_pages = max(self.peak_pages, self.pool.in_use)
+        return most
+
+    def _run_block(self, feeds: dict[int, int], n_steps: int) -> None:
+        """``n_steps`` decode steps of the decoding slots in one compiled call; the host then takes each row's tokens
+        in order (the 1-step order: step by step, slot by slot) until it finishes, and drops the rest."""
+        slots = list(feeds)
+        rows = max(_pow2(len(slots)), _MIN_ROWS)
+        rows = math.ceil(rows / self.engine._batch_shards) * self.engine._batch_shards
+        seqs = [cast(_Sequence, self._slot[s]) for s in slots]
+        most_pages = max(len(seq.pages) for seq in seqs)
+        seq_pages = min(max(_pow2(most_pages), _MIN_GATHER // self.page_size), self.pages_per_seq)
+        tokens = np.zeros((rows,), np.int32)
+        pos = np.zeros((rows,), np.int32)
+        left = np.zeros((rows,), np.int32)  # steps whose keys and values a row stores (0: a padding row)
+        table = np.zeros((rows, seq_pages), np.int32)
+        steps = np.zeros((rows,), np.int32)
+        configs: list[GenerationConfig | None] = [None] * rows
+        for r, seq in enumerate(seqs):
+            tokens[r] = seq.token_at(seq.cached, seq.cached + 1)[0]
+            pos[r] = seq.cached
+            left[r] = min(n_steps, seq.budget - len(seq.tokens))
+            table[r, : len(seq.pages)] = seq.pages
+            steps[r] = len(seq.tokens)
+            configs[r] = seq.config
+        with self.engine._on_mesh():
+            self._kv, new_tokens, new_logprobs = _PAGED_STEPS(
+                self.engine.model,
+                self._device_pool(),
+                jnp.asarray(tokens),
+                jnp.asarray(pos),
+                hax.named(jnp.asarray(table), (Axis("batch", rows), Axis("seq_page", seq_pages))),
+                jnp.asarray(left),
+                self._params(configs),
+                jnp.asarray(steps),
+                n_steps,
+                self.engine.max_seq_len - 1,
+                self.engine.vocab_size,
+            )
+        self.steps += n_steps
+        self.calls += 1
+        self.page_token_steps += self.pool.in_use * self.page_size * n_steps
+        self.cached_token_steps += sum(
+            (seq.cached + 1) * n_steps + n_steps * (n_steps - 1) // 2 for seq in self._slot if seq is not None
+        )
+        host_tokens, host_logprobs = (np.asarray(a) for a in jax.device_get((new_tokens, new_logprobs)))
+        for seq in seqs:
+            seq.cached += n_steps  # a sequence that finishes before gives its pages back anyway
+            full = min(seq.cached, len(seq.prompt)) // self.page_size
+            while seq.registered < min(full, len(seq.hashes)):
+                self.pool.register(seq.hashes[seq.registered], seq.pages[seq.registered])
+                seq.registered += 1
+        for j in range(n_steps):
+            for r, (slot, seq) in enumerate(zip(slots, seqs, strict=True)):
+                if seq.finish is not None:
+                    continue
+                self._take(seq, int(host_tokens[j, r]), float(host_logprobs[j, r]))
+                if seq.finish is not None:
+                    self._finish(slot, seq)
+
     def _params(self, configs: list[GenerationConfig | None]) -> SamplingParams:
-        """The rows' sampling settings, built on the host (each config's PRNG key computed once, not per step), in one
-        program whether or not a sampled request runs."""
-        return SamplingParams.of(configs, key=self._key, greedy=False)
+        """The rows' sampling settings, built on the host (each config's PRNG key computed once, not per step).
+
+        A call whose rows are all greedy compiles without the random draw (on a CPU the draw over the vocabulary cost
+        about 40 % of a decode step of a small model): at most two programs per bucket, greedy and sampled."""
+        return SamplingParams.of(configs, key=self._key)
 
     def _key(self, seed: int) -> np.ndarray:
         key = self._keys.get(seed)
@@ -882,7 +991,54 @@ def _paged_step(
     return PagedKvCache(cache.keys, cache.values), new_tokens, logprobs
 
 
+def _paged_steps(
+    model: Any,
+    pool: Any,
+    tokens: jax.Array,
+    pos: jax.Array,
+    table: NamedArray,
+    left: jax.Array,
+    params: SamplingParams,
+    steps: jax.Array,
+    n_steps: int,
+    max_pos: int,
+    vocab_size: int,
+) -> tuple[Any, jax.Array, jax.Array]:
+    """``n_steps`` decode steps of the continuous batch in one loop: each row feeds its last token at its position,
+    stores its keys and values in its pages (only its first ``left`` steps: later ones are past its budget) and
+    samples the next token (draw index ``steps``, then one more each step), which it feeds at the next position.
+
+    Returns:
+        ``(pool, tokens (n_steps, rows), logprobs (n_steps, rows))``.
+    """
+    Batch, Pos = table.resolve_axis("batch"), Axis("position", 1)
+    first = hax.named(jnp.zeros((Batch.size,), jnp.int32), Batch)
+
+    def step(
+        carry: tuple[Any, jax.Array, jax.Array, jax.Array], j: jax.Array
+    ) -> tuple[tuple[Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+        pool, tokens, pos, steps = carry
+        cache = pool.with_pages(table, hax.named((j < left)[:, None], (Batch, Pos)))
+        logits, cache = model.decode(
+            hax.named(tokens[:, None], (Batch, Pos)),
+            cache,
+            hax.named(jnp.minimum(pos, max_pos)[:, None], (Batch, Pos)),
+            logits_at=first,
+        )
+        final = logits.rearrange((Batch, model.Vocab)).array
+        new_tokens, logprobs = sample_next(_only_real_ids(final, vocab_size), params, steps)
+        return (PagedKvCache(cache.keys, cache.values), new_tokens, pos + 1, steps + 1), (new_tokens, logprobs)
+
+    (pool, _, _, _), (all_tokens, all_logprobs) = jax.lax.scan(
+        step, (pool, tokens, pos, steps), jnp.arange(n_steps, dtype=jnp.int32)
+    )
+    return pool, all_tokens, all_logprobs
+
+
 _NEW_POOL = named_jit(_new_pool)
+_PAGED_STEPS = named_jit(
+    _paged_steps, donate_args=(False, True, False, False, False, False, False, False, False, False, False)
+)
 _PAGED_STEP = named_jit(_paged_step, donate_args=(False, True, False, False, False, False, False, False, False, False))
 
 

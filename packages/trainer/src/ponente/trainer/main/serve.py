@@ -71,6 +71,7 @@ def build_app(config: ServeConfig) -> Any:
             "max_pages": config.max_pages,
             "prefill_chunk": config.prefill_chunk,
             "prefix_caching": config.prefix_caching,
+            "steps_per_call": config.steps_per_call,
         },
         api_key=config.api_key if config.api_key is not None else os.environ.get(API_KEY_ENV) or None,
     )

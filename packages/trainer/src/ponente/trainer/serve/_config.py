@@ -44,6 +44,9 @@ class ServeConfig:
         prefill_chunk: continuous batching: the most prompt tokens a request feeds per step.
         prefix_caching: continuous batching: reuse the cache pages of shared prompt prefixes
             (``POST /v1/reset_prefix_cache`` forgets them).
+        steps_per_call: the most decode steps one compiled call runs (continuous batching: only while every
+            request decodes and none waits for a slot it could take; fewer host round trips, streamed tokens
+            arrive in groups of up to this many; 1: each token as soon as it exists).
         docs: serve the OpenAPI pages (``/docs``, ``/redoc``, ``/openapi.json``); off by default.
         log_level: uvicorn's log level.
         context_axis_size: refused unless 1: context parallelism (``trainer.context_axis_size``) splits training
@@ -73,6 +76,7 @@ class ServeConfig:
     max_pages: int | None = None
     prefill_chunk: int = 32
     prefix_caching: bool = True
+    steps_per_call: int = 8
     docs: bool = False
     log_level: str = "info"
     context_axis_size: int = 1
@@ -94,6 +98,7 @@ class ServeConfig:
             "max_connections",
             "page_size",
             "prefill_chunk",
+            "steps_per_call",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
