@@ -301,3 +301,46 @@ def test_train_lm_logs_router_metrics_and_updates_the_bias(tmp_path, tiny_lm_ove
     bias = [r["router/balance_bias_abs_mean"] for r in steps]
     assert bias[0] == 0.0  # logged by the step, before its update
     assert bias[1] == pytest.approx(0.01, abs=1e-6)  # after one update every expert moved by the rate (or 0)
+
+
+@pytest.mark.integration
+def test_train_lm_balances_deepseek_v3_with_its_correction_bias(tmp_path, tiny_lm_overrides):
+    """DeepSeek-V3's own balancing through ``ponente-train-lm``: the correction bias moves by the rate after each
+    step (the optimizer never touches it), and the router metrics are logged without a z-loss or an aux loss."""
+    import json
+
+    from ponente.trainer.config import load_config
+    from ponente.trainer.main import train_lm
+    from ponente.trainer.main.train_lm import TrainLmConfig
+
+    overrides = [o for o in tiny_lm_overrides(3) if not o.startswith("model.")] + [
+        "model.type=deepseek_v3",
+        "model.seq_len=32",
+        "model.hidden_dim=32",
+        "model.intermediate_dim=32",
+        "model.num_layers=3",
+        "model.num_heads=2",
+        "model.num_kv_heads=2",
+        "model.num_experts=4",
+        "model.num_experts_per_tok=2",
+        "model.moe_intermediate_dim=16",
+        "model.n_group=2",
+        "model.topk_group=1",
+        "model.first_k_dense_replace=1",
+        "model.q_lora_rank=16",
+        "model.kv_lora_rank=8",
+        "model.qk_rope_head_dim=4",
+        "model.qk_nope_head_dim=4",
+        "model.v_head_dim=8",
+        "model.router_bias_update_rate=0.01",
+    ]
+    train_lm.train(load_config(TrainLmConfig, overrides=overrides))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r]
+    assert len(steps) == 3
+    for key in ("router/load_balancing_loss", "router/expert_load_max", "router/dropped_fraction"):
+        assert all(np.isfinite(r[key]) for r in steps), key
+    assert not [k for k in steps[0] if k.endswith(("z_loss", "router_aux_loss"))]
+    bias = [r["router/balance_bias_abs_mean"] for r in steps]
+    assert bias[0] == 0.0  # logged by the step, before its update
+    assert bias[1] == pytest.approx(0.01, abs=1e-6)  # every expert moved by the rate (or not at all: 0)
