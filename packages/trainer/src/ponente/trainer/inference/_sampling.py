@@ -41,15 +41,12 @@ class SamplingParams(eqx.Module):
         configs: Sequence[GenerationConfig | None],
         *,
         key: Callable[[int], np.ndarray] | None = None,
-        greedy: bool | None = None,
     ) -> SamplingParams:
         """The settings of a batch; None rows (padding of the batch) are greedy.
 
         Args:
             configs: one config per row.
             key: the raw PRNG key of a seed (e.g. a cached one); None: ``jax.random.PRNGKey(seed)``.
-            greedy: the static ``greedy`` flag; None: whether every row is greedy. ``False`` keeps one program
-                whether or not a sampled row runs (greedy rows ignore the draw).
 
         Returns:
             Host (NumPy) arrays; the jitted step moves them to the devices.
@@ -63,7 +60,7 @@ class SamplingParams(eqx.Module):
             keys=np.stack([key_of(c.seed) for c in rows]),  # type: ignore[arg-type]
             tempered=np.asarray([c.tempered_logprobs for c in rows], np.bool_),  # type: ignore[arg-type]
             filtered=any(c.top_k is not None or c.top_p is not None for c in rows),
-            greedy=all(c.temperature == 0 for c in rows) if greedy is None else greedy,
+            greedy=all(c.temperature == 0 for c in rows),
         )
 
 
