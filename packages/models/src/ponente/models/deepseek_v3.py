@@ -633,8 +633,7 @@ class DeepseekV3LMHeadModel(LlamaLMHeadModel):
         ``load_balancing_loss`` computed on the sigmoid scores normalized to sum to 1 per token (the paper's
         sequence-wise balance formula, over the whole batch, unweighted) and no z-loss (the router has no softmax)."""
         normalized = hax.sum(routing.probs, self.config.Experts)
-        aux = super()._router_aux(dataclasses.replace(routing, probs=routing.probs / normalized))
-        return {name: value for name, value in aux.items() if not name.endswith("z_loss")}
+        return super()._router_aux(dataclasses.replace(routing, probs=routing.probs / normalized))
 
     def init_cache(self, Batch: Axis, max_len: int, *, dtype: Any = None) -> KvCache:
         """An empty latent cache: ``keys`` ``(layers, batch, cache_position, latent)`` (the normalized latents),

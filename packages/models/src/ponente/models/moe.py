@@ -234,7 +234,8 @@ def router_metrics(routing: RouterOutput, Experts: Axis) -> dict[str, NamedArray
 
     Returns:
         Scalars (float32): ``load_balancing_loss`` (unweighted, see :func:`load_balancing_loss`), ``z_loss`` (mean
-        squared log-sum-exp of the router logits, ST-MoE's router z-loss, unweighted), ``expert_load_max`` (the
+        squared log-sum-exp of the router logits, ST-MoE's router z-loss, unweighted; only when the routing has
+        ``logsumexp``), ``expert_load_max`` (the
         busiest expert's share of the assignments over the mean share, 1 when balanced; the worst layer when
         stacked) and ``dropped_fraction`` (assignments dropped for lack of capacity).
 
@@ -247,13 +248,13 @@ def router_metrics(routing: RouterOutput, Experts: Axis) -> dict[str, NamedArray
     """
     per_expert = expert_load(routing, Experts)  # (layers?, experts)
     load = hax.max(per_expert, Experts) / hax.maximum(hax.mean(per_expert, Experts), 1e-9)
-    zero = hax.zeros(())
-    return {
-        "load_balancing_loss": load_balancing_loss(routing.probs, routing.indices, Experts),
-        "z_loss": zero if routing.logsumexp is None else hax.mean(hax.square(routing.logsumexp)),
-        "expert_load_max": hax.max(load),
-        "dropped_fraction": zero if routing.dropped is None else hax.mean(routing.dropped.astype(jnp.float32)),
-    }
+    metrics = {"load_balancing_loss": load_balancing_loss(routing.probs, routing.indices, Experts)}
+    if routing.logsumexp is not None:  # a router without a softmax (DeepSeek-V3's sigmoid) has no z-loss
+        metrics["z_loss"] = hax.mean(hax.square(routing.logsumexp))
+    metrics["expert_load_max"] = hax.max(load)
+    dropped = routing.dropped
+    metrics["dropped_fraction"] = hax.zeros(()) if dropped is None else hax.mean(dropped.astype(jnp.float32))
+    return metrics
 
 
 def layer_groups(num_layers: int, groups: int) -> list[tuple[int, int]]:
