@@ -304,3 +304,24 @@ def test_auto_loss_is_fused_above_the_threshold(monkeypatch: pytest.MonkeyPatch,
     per = compute_next_token_loss(model, ex, reduction="none")
     assert calls == [reduction]
     assert per.axis_names == ("batch", "position")
+
+
+def test_temperature_is_the_cross_entropy_of_the_tempered_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``temperature`` vs NumPy on the model's own logits divided by it, materialized and blockwise (where the hidden
+    states are divided instead); a temperature that is not positive is refused naming it."""
+    vocab = hax.Axis("vocab", 29)
+    config = LlamaConfig(seq_len=8, hidden_dim=16, intermediate_dim=32, num_layers=2, num_heads=2, num_kv_heads=1)
+    model = config.build(vocab, key=jax.random.key(1))
+    tokens = np.random.RandomState(1).randint(0, vocab.size, size=(2, 7))
+    ex = LmExample.causal(hax.named(tokens, ("batch", "position")))
+    logits = np.asarray(model(ex.tokens).rearrange(("batch", "position", "vocab")).array, np.float64) / 0.7
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    want = lse[:, :-1] - np.take_along_axis(logits[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+    plain = compute_next_token_loss(model, ex, reduction="none", block_size=None, temperature=0.7)
+    np.testing.assert_allclose(np.asarray(plain.array)[:, :-1], want, rtol=1e-5)
+    assert float(np.abs(np.asarray(plain.array)[:, -1]).max()) == 0.0  # no target after the last position
+    monkeypatch.setattr(next_token, "FUSED_LOSS_MIN_VOCAB", 16)  # the blockwise loss, as for large vocabularies
+    blockwise = compute_next_token_loss(model, ex, reduction="none", temperature=0.7)
+    np.testing.assert_allclose(np.asarray(blockwise.array)[:, :-1], want, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"temperature must be > 0, got 0\.0"):
+        compute_next_token_loss(model, ex, temperature=0.0)

@@ -72,6 +72,7 @@ def compute_next_token_loss(
     loss_dtype: Any = jnp.float32,
     reduction: str = "mean",
     block_size: int | str | None = "auto",
+    temperature: float = 1.0,
 ) -> NamedArray:
     """Next-token cross-entropy of ``model`` on ``example`` (masked), with an optional z-loss.
 
@@ -97,6 +98,9 @@ def compute_next_token_loss(
             from :data:`FUSED_LOSS_MIN_VOCAB` entries on, where the model supports it, the fused loss, or the
             blockwise one for ``"none"``, see :func:`cross_entropy_block_size`). A number needs a model implementing
             :meth:`LmHeadModel.activations` and :meth:`LmHeadModel.get_lm_head`.
+        temperature: the loss of the tempered distribution ``softmax(logits / temperature)`` (> 0; 1: the model's
+            own). Without materialized logits the final hidden states are divided instead (the logits are linear in
+            them), in the model's compute dtype.
 
     Returns:
         A scalar NamedArray (or per-position losses for ``"none"``).
@@ -113,6 +117,7 @@ def compute_next_token_loss(
         loss_dtype=loss_dtype,
         reduction=reduction,
         block_size=block_size,
+        temperature=temperature,
     )[0]
 
 
@@ -125,6 +130,7 @@ def compute_next_token_loss_and_aux(
     loss_dtype: Any = jnp.float32,
     reduction: str = "mean",
     block_size: int | str | None = "auto",
+    temperature: float = 1.0,
 ) -> tuple[NamedArray, dict[str, NamedArray]]:
     """:func:`compute_next_token_loss` (same arguments), also returning the model's auxiliary losses.
 
@@ -138,6 +144,8 @@ def compute_next_token_loss_and_aux(
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"compute_next_token_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not temperature > 0:
+        raise ValueError(f"compute_next_token_loss: temperature must be > 0, got {temperature}")
     Pos = example.tokens.resolve_axis("position")
     targets = hax.roll(example.tokens, -1, Pos) if example.targets is None else example.targets
     resolved = cross_entropy_block_size(model, block_size)
@@ -147,6 +155,8 @@ def compute_next_token_loss_and_aux(
         hidden, aux = model.activations_and_aux(
             example.tokens, example.attn_mask, key=key, **_pos_ids_kwargs(example.pos_ids)
         )
+        if temperature != 1.0:
+            hidden = hidden / temperature
     if fused:
         # the fused loss reduces in its own pass: its gradient costs no recomputation of the logits
         total = fused_cross_entropy_loss(
@@ -174,6 +184,8 @@ def compute_next_token_loss_and_aux(
                 example.tokens, example.attn_mask, key=key, **_pos_ids_kwargs(example.pos_ids)
             )
             logits = logits.astype(loss_dtype)
+            if temperature != 1.0:
+                logits = logits / temperature
             Vocab = model.Vocab
             lse = hax.nn.logsumexp(logits, Vocab)
             target_logits = hax.sum(logits * hax.nn.one_hot(targets, Vocab, dtype=loss_dtype), Vocab)

@@ -219,37 +219,18 @@ def token_logprobs(
     model: Any, tokens: hax.NamedArray, mask: hax.NamedArray, *, key: Any, temperature: float = 1.0
 ) -> Any:
     """``[batch, position]`` log-probs of the next token at every position where ``mask`` (prediction-aligned)
-    is 1 (0 elsewhere), float32, under the tempered distribution ``log_softmax(logits / temperature)``.
-
-    ``temperature == 1`` is the model's next-token cross-entropy (:func:`~ponente.models.loss.compute_next_token_loss`)
-    as is. Otherwise the float32 logits are divided by ``temperature``; a model whose loss is blockwise (a vocabulary
-    from :data:`~ponente.models.loss.FUSED_LOSS_MIN_VOCAB` entries on, see
-    :func:`~ponente.models.loss.cross_entropy_block_size`) never materializes its logits, and its final hidden states
-    are divided instead (the logits are linear in them: ``hidden · lm_head``).
-    """
+    is 1 (0 elsewhere), float32, under the tempered distribution ``log_softmax(logits / temperature)``: the model's
+    next-token cross-entropy (:func:`~ponente.models.loss.compute_next_token_loss`, whose ``temperature`` divides the
+    float32 logits, or the final hidden states where the loss is blockwise and never materializes the logits)."""
     import jax.numpy as jnp
 
     from ponente.models import LmExample
-    from ponente.models.loss import blockwise_cross_entropy_loss, compute_next_token_loss, cross_entropy_block_size
+    from ponente.models.loss import compute_next_token_loss
 
     example = LmExample.causal(tokens, loss_mask=mask)
-    if temperature == 1.0:
-        per_token = compute_next_token_loss(model, example, key=key, reduction="none")
-        nll = per_token.rearrange(AXES).array.astype(jnp.float32)
-        return -nll * mask.rearrange(AXES).array
-    Pos = tokens.resolve_axis("position")
-    targets = hax.roll(tokens, -1, Pos)
-    kwargs = {} if example.pos_ids is None else {"pos_ids": example.pos_ids}
-    block = cross_entropy_block_size(model)
-    if block is not None:
-        hidden = model.activations(tokens, example.attn_mask, key=key, **kwargs)
-        nll = blockwise_cross_entropy_loss(hidden / temperature, model.get_lm_head(), targets, block_size=block)
-    else:
-        logits = model(tokens, example.attn_mask, key=key, **kwargs).astype(jnp.float32) / temperature
-        target_logits = hax.sum(logits * hax.nn.one_hot(targets, model.Vocab, dtype=jnp.float32), model.Vocab)
-        nll = hax.nn.logsumexp(logits, model.Vocab) - target_logits
-    nll = nll.astype(jnp.float32) * example.loss_mask  # as compute_next_token_loss: no target at the last position
-    return -nll.rearrange(AXES).array * mask.rearrange(AXES).array
+    per_token = compute_next_token_loss(model, example, key=key, reduction="none", temperature=temperature)
+    nll = per_token.rearrange(AXES).array.astype(jnp.float32)
+    return -nll * mask.rearrange(AXES).array
 
 
 def rollout_seed(seed: int, step: int, prompt_index: int, sample: int) -> int:
