@@ -18,7 +18,7 @@ from parity_support import port
 
 import ponente.namedtensor as hax
 from ponente.models import DeepseekV3Config, DeepseekV3LMHeadModel, config_for_type
-from ponente.models.deepseek_v3 import route_grouped_sigmoid
+from ponente.models.deepseek_v3 import _absorb_pays, route_grouped_sigmoid
 from ponente.models.hf import load_pretrained, save_pretrained
 
 TOL = 1e-4
@@ -179,6 +179,31 @@ def test_greedy_decoding_through_the_latent_cache_equals_generate(pair: tuple[An
     np.testing.assert_array_equal(np.stack(got, axis=1), expected)
 
 
+def test_blockwise_attention_and_the_latent_space_decode_match_transformers(
+    pair: tuple[Any, DeepseekV3LMHeadModel],
+) -> None:
+    """MLA through the blockwise kernel (``attn_backend: flash``, values padded to the keys' head size), and the
+    cache path both ways: a 24-token prefill that expands the cached latents per head, then decoding steps that
+    attend in the latent space (``kv_b_proj`` absorbed), all against transformers' logits."""
+    hf, model = pair
+    ids = _ids(seq=28)
+    with torch.no_grad():
+        expected = hf(torch.tensor(ids)).logits.numpy()
+    flash = port(hf, attn_backend="flash", flash_attention_block_size=8)
+    np.testing.assert_allclose(np.asarray(_forward(flash, _named(ids)).array), expected, atol=TOL, rtol=0)
+    config = model.config
+    dims = (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim, config.kv_lora_rank)
+    assert not _absorb_pays(24, dims)
+    assert _absorb_pays(1, dims)
+    cache = model.init_cache(hax.Axis("batch", 2), 28).for_prefill()
+    logits, cache = _decode(model, _named(ids[:, :24]), cache, _named(np.arange(24), ("position",)))
+    np.testing.assert_allclose(np.asarray(logits.array), expected[:, :24], atol=TOL, rtol=0)
+    for step in range(24, 28):
+        position = _named(np.array([step]), ("position",))
+        logits, cache = _decode(model, _named(ids[:, step : step + 1]), cache, position)
+        np.testing.assert_allclose(np.asarray(logits.array[:, 0]), expected[:, step], atol=TOL, rtol=0)
+
+
 def test_router_matches_transformers() -> None:
     torch.manual_seed(3)
     config = transformers.DeepseekV3Config(**{**BASE, **CASES[2]})
@@ -296,7 +321,7 @@ def test_config_checks_defaults_and_round_trip() -> None:
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "kv_lora_rank": 0}), "kv_lora_rank")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "n_shared_experts": 0}), "n_shared_experts")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "hidden_act": "gelu"}), "hidden_act")
-    _error(lambda: dataclasses.replace(cfg, attn_backend="flash"), "attn_backend")
+    _error(lambda: DeepseekV3Config.from_hf_config({**hf, "v_head_dim": 13}), "v_head_dim")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "attention_dropout": 0.1}), "attention_dropout")
     # transformers' defaults (DeepSeek-V3's published shape)
     default = DeepseekV3Config.from_hf_config(transformers.DeepseekV3Config().to_dict())

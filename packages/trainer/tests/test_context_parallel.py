@@ -1,4 +1,5 @@
-"""Context parallelism is a config change: a tiny Llama and a tiny Mistral (sliding window) trained on packed documents
+"""Context parallelism is a config change: a tiny Llama, a tiny Mistral (sliding window) and a tiny DeepSeek-V3 (latent
+attention, MoE) trained on packed documents
 on 8 simulated devices with ``context_axis_size`` 4 (x data 2) give the losses and parameters of 1 device; bad
 context keys fail naming the key.
 
@@ -11,7 +12,7 @@ import optax
 import pytest
 
 import ponente.namedtensor as hax
-from ponente.models import LlamaConfig, MistralConfig
+from ponente.models import DeepseekV3Config, LlamaConfig, MistralConfig
 from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
@@ -25,7 +26,26 @@ MODELS = {
     "llama_ring": LlamaConfig(seq_len=SEQ, attention_context_parallel="ring", **SMALL),
     "mistral_sliding": MistralConfig(seq_len=SEQ, sliding_window=48, **SMALL),
     "mistral_sliding_ring": MistralConfig(seq_len=SEQ, sliding_window=48, attention_context_parallel="ring", **SMALL),
+    # multi-head latent attention: per-head keys of 4 + 4, values of 4 (padded to 8); one dense block, then MoE
+    "deepseek_v3_ring": DeepseekV3Config(
+        seq_len=SEQ,
+        attention_context_parallel="ring",
+        **{**SMALL, "num_kv_heads": 4},
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_dim=8,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        q_lora_rank=8,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=4,
+    ),
 }
+STACKS = {"deepseek_v3_ring": 2}
+"""Layer stacks whose attention is traced apart (DeepSeek-V3: the dense first blocks, then the MoE blocks)."""
 
 
 def batches(seq):
@@ -81,9 +101,9 @@ def test_context_parallel_trains_like_one_device(name, monkeypatch):
     _, ref_state, ref_losses = train(model, jax.devices()[:1])
     assert not calls  # one device: nothing split
     trainer, state, losses = train(model, jax.devices(), context=4)
-    # each device attends its own rows, traced once (the layers are scanned), in the mode asked for; at seq 512 on a
-    # CPU, ``auto`` is the blockwise kernel
-    assert calls == [(model.attention_context_parallel, True)]
+    # each device attends its own rows, traced once per stack (the layers are scanned), in the mode asked for; at seq
+    # 512 on a CPU, ``auto`` is the blockwise kernel
+    assert calls == [(model.attention_context_parallel, True)] * STACKS.get(name, 1)
     assert trainer.mesh.shape["context"] == 4
     assert trainer.mesh.shape["data"] == 2
     np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-4)

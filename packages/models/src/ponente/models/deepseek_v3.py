@@ -17,9 +17,10 @@ import numpy as np
 import ponente.namedtensor as hax
 from ponente.namedtensor import Axis, NamedArray
 from ponente.namedtensor.nn import Linear, RmsNorm
+from ponente.namedtensor.quantization import DefaultDotGeneralOp
 from ponente.namedtensor.state_dict import ModuleWithStateDictSerialization
 
-from .attention import AttentionMask
+from .attention import AttentionMask, attention
 from .attention.kv_cache import CACHE_POSITION, KvCache
 from .config import lm_flops_per_token, padded_vocab_size, register_config
 from .decoder import DecoderStack, GatedMlp
@@ -135,11 +136,6 @@ class DeepseekV3Config(LlamaConfig):
         super().__post_init__()
         name = type(self).__name__
         check_moe_fields(name, self)
-        if self.attn_backend not in ("auto", "reference"):
-            raise ValueError(
-                f"{name}: attn_backend {self.attn_backend!r} is not supported: multi-head latent attention computes "
-                "its scores itself, as the 'reference' backend does (use 'auto' or 'reference')"
-            )
         if self.num_kv_heads != self.num_heads:
             raise ValueError(
                 f"{name}: num_kv_heads ({self.num_kv_heads}) must equal num_heads ({self.num_heads}): MLA expands "
@@ -149,6 +145,12 @@ class DeepseekV3Config(LlamaConfig):
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{name}: {key} must be positive, got {getattr(self, key)}")
+        if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise ValueError(
+                f"{name}: v_head_dim ({self.v_head_dim}) must not exceed qk_nope_head_dim + qk_rope_head_dim "
+                f"({self.qk_nope_head_dim + self.qk_rope_head_dim}): the attention backends take one head size, and "
+                "the values are padded to the keys' size"
+            )
         if self.qk_rope_head_dim < 2 or self.qk_rope_head_dim % 2:
             raise ValueError(f"{name}: qk_rope_head_dim must be even and positive, got {self.qk_rope_head_dim}")
         if self.q_lora_rank is not None and self.q_lora_rank < 1:
@@ -333,6 +335,16 @@ def _split(x: NamedArray, axis: str, sizes: tuple[int, int], names: tuple[str, s
     return x[axis, 0:a].rename({axis: names[0]}), x[axis, a : a + b].rename({axis: names[1]})
 
 
+def _absorb_pays(queries: int, dims: tuple[int, int, int, int]) -> bool:
+    """Whether attending in the latent space costs fewer multiply-adds than expanding the cached latents.
+
+    Per cached token, expanding costs ``r * (nope + v)`` (``kv_b_proj``) plus ``queries * (nope + rope + v)``
+    (scores and weighted sum per head); the latent form costs ``queries * (2 r + rope)``. So decoding (one query)
+    absorbs, and a long prefill expands, as DeepSeek's own inference does."""
+    nope, rope, v, r = dims
+    return queries * (2 * r + rope) < r * (nope + v) + queries * (nope + rope + v)
+
+
 def _deinterleave(x: NamedArray, axis: str) -> NamedArray:
     """``x`` with the entries of ``axis`` reordered as the even ones then the odd ones (DeepSeek's rotary pairs
     ``(0, 1), (2, 3), ...`` become the rotate-half pairs ``(i, i + n/2)``)."""
@@ -354,8 +366,12 @@ class LatentAttention(ModuleWithStateDictSerialization):
     With a cache (:meth:`init_cache`) only the latent and the rotated shared key are stored (``kv_lora_rank +
     qk_rope_head_dim`` numbers per token and layer, instead of ``heads * (qk_nope + qk_rope + v)``): the
     :class:`~ponente.models.attention.KvCache` holds the latents as its ``keys`` (``(..., cache_position,
-    latent)``) and the rotary keys as its ``values`` (``(..., cache_position, rope_head_size)``), and each step
-    expands the cached latents through ``kv_b_proj``.
+    latent)``) and the rotary keys as its ``values`` (``(..., cache_position, rope_head_size)``). A step attends in
+    the latent space (``kv_b_proj`` absorbed into the query and the output) when that costs less than expanding the
+    cached latents per head (decoding), and expands them otherwise (a long prefill; see :func:`_absorb_pays`).
+    Without a cache the heads' keys ``[k_nope, k_rope]`` and values go through
+    :func:`~ponente.models.attention.attention` (every backend, context parallelism), the values zero-padded to the
+    keys' head size.
 
     Attributes:
         q_proj: ``Embed -> (heads, qk_head_size)`` without a query rank, else None.
@@ -384,6 +400,9 @@ class LatentAttention(ModuleWithStateDictSerialization):
     dims: tuple[int, int, int, int] = eqx.field(static=True)
     rope_interleave: bool = eqx.field(static=True, default=True)
     scaling: float = eqx.field(static=True, default=1.0)
+    backend: str = eqx.field(static=True, default="auto")
+    block_size: int = eqx.field(static=True, default=128)
+    context_parallel: str = eqx.field(static=True, default="allgather")
 
     @staticmethod
     def init(config: DeepseekV3Config, *, key: jax.Array) -> LatentAttention:
@@ -415,6 +434,9 @@ class LatentAttention(ModuleWithStateDictSerialization):
             dims=(nope, rope, v, r),
             rope_interleave=config.rope_interleave,
             scaling=config.softmax_scale(),
+            backend=config.attn_backend,
+            block_size=config.flash_attention_block_size,
+            context_parallel=config.attention_context_parallel,
         )
 
     def _rotate(self, x: NamedArray, Pos: Axis, pos_ids: NamedArray | None) -> NamedArray:
@@ -446,24 +468,85 @@ class LatentAttention(ModuleWithStateDictSerialization):
         q_rope = self._rotate(q_rope, Pos, pos_ids)
         k_rope = self._rotate(k_rope, Pos, pos_ids)
         if cache is None:
-            KPos = Pos.alias("key_position")
-            latent, k_rope = latent.rename({Pos.name: KPos.name}), k_rope.rename({Pos.name: KPos.name})
-            allowed = mask.materialize(Pos, KPos) if isinstance(mask, AttentionMask) else mask
+            out = self._expanded_attention(Pos, q_nope, q_rope, latent, k_rope, mask)
+            return tag(self.o_proj(out), "attn_out"), cache
+        if pos_ids is None:
+            raise ValueError("LatentAttention: decoding with a cache needs pos_ids (the tokens' cache slots)")
+        cache = cache.update(latent, k_rope, pos_ids)
+        KPos = cache.CachePos
+        latent, k_rope = cache.layer_keys, cache.layer_values
+        allowed = cache.attention_mask(pos_ids)
+        w_kv = self._absorbable_kv_b()
+        if w_kv is not None and _absorb_pays(Pos.size, self.dims):
+            # attention in the latent space: kv_b_proj's key part goes into the query, its value part after the
+            # weighted sum, so the cached latents are never expanded per head
+            w_k, w_v = _split(w_kv, "kv_b", (nope, v), ("nope_head_size", "v_head_size"))
+            q_latent = hax.dot(q_nope, w_k, axis="nope_head_size")
+            scores = hax.dot(q_latent, latent, axis="latent") + hax.dot(q_rope, k_rope, axis="rope_head_size")
+            weights = self._softmax(scores, allowed, KPos).astype(latent.dtype)
+            out = hax.dot(hax.dot(weights, latent, axis=KPos.name), w_v, axis="latent")
         else:
-            if pos_ids is None:
-                raise ValueError("LatentAttention: decoding with a cache needs pos_ids (the tokens' cache slots)")
-            cache = cache.update(latent, k_rope, pos_ids)
-            KPos = cache.CachePos
-            latent, k_rope = cache.layer_keys, cache.layer_values
-            allowed = cache.attention_mask(pos_ids)
-        k_nope, values = _split(self.kv_b_proj(latent), "kv_b", (nope, v), ("nope_head_size", "v_head_size"))
-        scores = hax.dot(q_nope, k_nope, axis="nope_head_size") + hax.dot(q_rope, k_rope, axis="rope_head_size")
+            k_nope, values = _split(self.kv_b_proj(latent), "kv_b", (nope, v), ("nope_head_size", "v_head_size"))
+            scores = hax.dot(q_nope, k_nope, axis="nope_head_size") + hax.dot(q_rope, k_rope, axis="rope_head_size")
+            weights = self._softmax(scores, allowed, KPos).astype(values.dtype)
+            out = hax.dot(weights, values, axis=KPos.name)
+        return tag(self.o_proj(out), "attn_out"), cache
+
+    def _softmax(self, scores: NamedArray, allowed: NamedArray | None, KPos: Axis) -> NamedArray:
         scores = scores.astype(jnp.float32) * self.scaling
         if allowed is not None:
             scores = hax.where(allowed, scores, jnp.finfo(jnp.float32).min)
-        weights = hax.nn.softmax(scores, KPos.name).astype(values.dtype)
-        out = hax.dot(weights, values, axis=KPos.name)
-        return tag(self.o_proj(out), "attn_out"), cache
+        return hax.nn.softmax(scores, KPos.name)
+
+    def _expanded_attention(
+        self,
+        Pos: Axis,
+        q_nope: NamedArray,
+        q_rope: NamedArray,
+        latent: NamedArray,
+        k_rope: NamedArray,
+        mask: AttentionMask | NamedArray | None,
+    ) -> NamedArray:
+        """Attention without a cache: per head, the key is ``[kv_b_proj's key part, the shared rotary key]`` and
+        the query ``[q_nope, q_rope]``, through :func:`~ponente.models.attention.attention` (so every backend, the
+        blockwise kernel and context parallelism apply); values narrower than the keys are padded with zeros to the
+        key's size (the backends take one head size) and cut back after."""
+        nope, rope, v, _ = self.dims
+        k_nope, values = _split(self.kv_b_proj(latent), "kv_b", (nope, v), ("nope_head_size", "v_head_size"))
+        QK = Axis("qk_head_size", nope + rope)
+        query = hax.concatenate(
+            QK.name, [q_nope.rename({"nope_head_size": QK.name}), q_rope.rename({"rope_head_size": QK.name})]
+        )
+        per_head = tuple(ax for ax in k_nope.axes if ax.name != "nope_head_size")
+        k_rope = hax.broadcast_to(k_rope, (*per_head, k_rope.resolve_axis("rope_head_size")))
+        key = hax.concatenate(
+            QK.name, [k_nope.rename({"nope_head_size": QK.name}), k_rope.rename({"rope_head_size": QK.name})]
+        )
+        value = values.rename({"v_head_size": QK.name})
+        if v < nope + rope:  # the config checks that v is not larger
+            value = hax.pad(value, {QK.name: (0, nope + rope - v)})
+        out = attention(
+            Pos,
+            QK,
+            query,
+            key,
+            value,
+            mask,
+            scaling_factor=self.scaling,
+            backend=self.backend,
+            block_size=self.block_size,
+            context_parallel=self.context_parallel,
+        )
+        return out[QK.name, 0:v].rename({QK.name: "v_head_size"})
+
+    def _absorbable_kv_b(self) -> NamedArray | None:
+        """``kv_b_proj``'s weight (axes ``latent``, heads, ``kv_b``) when the layer is a plain product that can be
+        absorbed into the query and the output (no bias, no quantized or adapted product); else None."""
+        layer = self.kv_b_proj
+        if type(layer) is not Linear or layer.bias is not None or type(layer.dot_general) is not DefaultDotGeneralOp:
+            return None
+        scale = layer.reparam.active_scale
+        return layer.weight if scale == 1 else layer.weight * scale
 
     def __call__(
         self,
