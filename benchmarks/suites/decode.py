@@ -2,9 +2,12 @@
 
 One random model per architecture of ``PONENTE_BENCH_DECODE_ARCHS`` (comma-separated, default ``llama``; also
 ``gemma2``: local/global layers with a 256-token window, attention and final soft caps; ``gpt2``: learned positions;
-``PONENTE_BENCH_DECODE_SIZE``: ``small`` = hidden 256, 4 layers, 8 heads / 4 KV heads (GPT-2: 8 heads), vocab 4096,
-512 positions; ``tiny`` = hidden 64, 2 layers) is written with ``transformers``' ``save_pretrained`` and loaded into
-Ponente with ``ponente.models.hf.load_pretrained``, so both sides run the same weights in float32. Records of
+``deepseek_v3``: multi-head latent attention with a latent cache of 64 + 16 per token (heads of 32 + 16 for keys,
+32 for values), 8 experts of 128, top-2, the first block dense;
+``PONENTE_BENCH_DECODE_SIZE``: ``small`` = hidden 256, 4 layers, 8 heads / 4 KV heads (GPT-2: 8 heads;
+DeepSeek-V3: 8 / 8), vocab 4096, 512 positions; ``tiny`` = hidden 64, 2 layers) is written with ``transformers``'
+``save_pretrained`` and loaded into Ponente with ``ponente.models.hf.load_pretrained``, so both sides run the same
+weights in float32. Records of
 other architectures than Llama carry the architecture as a name prefix (``gemma2-engine-vs-sample-tokens``).
 
 - ``engine-vs-transformers``: batch 8, prompts of 16 random tokens, greedy, 128 new tokens (no stop token):
@@ -14,6 +17,10 @@ other architectures than Llama carry the architecture as a name prefix (``gemma2
 - ``engine-vs-sample-tokens``: one prompt of 384 tokens continued by 128 (the 512-token window of the no-cache
   ``ponente.trainer.sample.sample_tokens``, which runs the whole window per token): tokens/s of both and the
   ratio (target >= 20).
+
+- ``deepseek_v3-latent-vs-expanded`` (DeepSeek-V3 only): the 384 + 128 run of the engine with
+  ``mla_absorb: auto`` (decoding steps attend in the latent space, ``kv_b_proj`` absorbed) vs ``never`` (every step
+  expands the cached latents per head): tokens/s of both, the outputs checked equal, and the ratio.
 
 Each side is timed ``PONENTE_BENCH_REPEAT`` times (default 3), alternating, and the median counts.
 """
@@ -75,8 +82,24 @@ def _hf_model(size: str, arch: str = "llama") -> Any:
         elif arch == "llama":
             config = transformers.LlamaConfig(**sizes, **common)
             cls = transformers.LlamaForCausalLM
+        elif arch == "deepseek_v3":
+            latent = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
+            experts = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1}
+            config = transformers.DeepseekV3Config(
+                **{**sizes, "num_key_value_heads": s["heads"]},
+                **latent,
+                **experts,
+                q_lora_rank=64,
+                moe_intermediate_size=128,
+                first_k_dense_replace=1,
+                num_nextn_predict_layers=0,
+                **common,
+            )
+            cls = transformers.DeepseekV3ForCausalLM
         else:
-            raise ValueError(f"PONENTE_BENCH_DECODE_ARCHS: unknown architecture {arch!r} (llama, gemma2, gpt2)")
+            raise ValueError(
+                f"PONENTE_BENCH_DECODE_ARCHS: unknown architecture {arch!r} (llama, gemma2, gpt2, deepseek_v3)"
+            )
     torch.manual_seed(0)
     model = cls(config)
     with torch.no_grad():  # decisive logits: greedy outputs comparable across implementations
@@ -116,6 +139,8 @@ def _run_arch(rec: Recorder, arch: str, size: str, repeat: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         hf.save_pretrained(folder)
         model = load_pretrained(folder)
+        # DeepSeek-V3: the same weights with every cached step expanding the latents (the latent-space comparison)
+        expanded = load_pretrained(folder, config_overrides={"mla_absorb": "never"}) if arch == "deepseek_v3" else None
     if not isinstance(model, LmHeadModel):
         raise TypeError(f"{arch}: expected a language model, got {type(model).__name__}")
     rng = np.random.RandomState(0)
@@ -181,5 +206,32 @@ def _run_arch(rec: Recorder, arch: str, size: str, repeat: int) -> None:
         medians["sample_tokens"] / medians["engine"],
         "x",
         target=">= 20",
+        **extra,
+    )
+    if expanded is None:
+        return
+    if not isinstance(expanded, LmHeadModel):
+        raise TypeError(f"{arch}: expected a language model, got {type(expanded).__name__}")
+    outputs: dict[str, list[int]] = {}
+    engines = {"latent": single, "expanded": Engine(expanded, max_batch_size=1)}
+
+    def one(name: str) -> Callable[[], None]:
+        def go() -> None:
+            outputs[name] = engines[name].generate([prompt], config)[0].tokens
+
+        return go
+
+    fns = {name: one(name) for name in engines}
+    for fn in fns.values():
+        fn()
+    medians = _alternating_medians(fns, repeat)
+    for name, seconds in medians.items():
+        rec.record(f"{prefix}context512-{name}", "tokens_per_s", NEW_TOKENS / seconds, "tokens/s", **extra)
+    rec.record(
+        f"{prefix}latent-vs-expanded",
+        "ratio",
+        medians["expanded"] / medians["latent"],
+        "x",
+        same_tokens=outputs["latent"] == outputs["expanded"],
         **extra,
     )

@@ -183,8 +183,9 @@ def test_blockwise_attention_and_the_latent_space_decode_match_transformers(
     pair: tuple[Any, DeepseekV3LMHeadModel],
 ) -> None:
     """MLA through the blockwise kernel (``attn_backend: flash``, values padded to the keys' head size), and the
-    cache path both ways: a 24-token prefill that expands the cached latents per head, then decoding steps that
-    attend in the latent space (``kv_b_proj`` absorbed), all against transformers' logits."""
+    cache path both ways: a 24-token prefill that expands the cached latents per head (``mla_absorb: auto``; with
+    ``always``, it attends in the latent space), then decoding steps that attend in the latent space (``kv_b_proj``
+    absorbed), all against transformers' logits."""
     hf, model = pair
     ids = _ids(seq=28)
     with torch.no_grad():
@@ -202,6 +203,10 @@ def test_blockwise_attention_and_the_latent_space_decode_match_transformers(
         position = _named(np.array([step]), ("position",))
         logits, cache = _decode(model, _named(ids[:, step : step + 1]), cache, position)
         np.testing.assert_allclose(np.asarray(logits.array[:, 0]), expected[:, step], atol=TOL, rtol=0)
+    latent = port(hf, mla_absorb="always")
+    cache = latent.init_cache(hax.Axis("batch", 2), 28).for_prefill()
+    logits, _ = _decode(latent, _named(ids[:, :24]), cache, _named(np.arange(24), ("position",)))
+    np.testing.assert_allclose(np.asarray(logits.array), expected[:, :24], atol=TOL, rtol=0)
 
 
 def test_router_matches_transformers() -> None:
@@ -322,6 +327,7 @@ def test_config_checks_defaults_and_round_trip() -> None:
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "n_shared_experts": 0}), "n_shared_experts")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "hidden_act": "gelu"}), "hidden_act")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "v_head_dim": 13}), "v_head_dim")
+    _error(lambda: dataclasses.replace(cfg, mla_absorb="sometimes"), "mla_absorb")
     _error(lambda: DeepseekV3Config.from_hf_config({**hf, "attention_dropout": 0.1}), "attention_dropout")
     # transformers' defaults (DeepSeek-V3's published shape)
     default = DeepseekV3Config.from_hf_config(transformers.DeepseekV3Config().to_dict())

@@ -35,6 +35,10 @@ _LATENT_NORM_EPS = 1e-6
 """transformers' ``DeepseekV3RMSNorm`` default epsilon, which the latent norms keep (not ``rms_norm_eps``)."""
 
 
+MLA_ABSORB = ("auto", "always", "never")
+"""The values of ``DeepseekV3Config.mla_absorb``."""
+
+
 def _yarn_mscale(scale: float, mscale: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -74,6 +78,10 @@ class DeepseekV3Config(LlamaConfig):
         v_head_dim: a value head.
         rope_interleave: the rotary dimensions pair up as ``(0, 1), (2, 3), ...`` (the checkpoints' layout).
         attention_bias: biases on ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``.
+        mla_absorb: how a step with a KV cache attends: ``"auto"`` (in the latent space, ``kv_b_proj`` absorbed into
+            the query and the output, when that costs fewer multiply-adds than expanding the cached latents per head:
+            decoding steps; a long prefill expands), ``"always"`` or ``"never"``. A ``kv_b_proj`` with a bias, an
+            adapter or a quantized product always expands. Training (no cache) is not affected.
         moe_dispatch: ``"dense"`` or ``"sorted"`` (see :class:`~ponente.models.moe.MoeMlp`).
         router_bias_update_rate: DeepSeek-V3's auxiliary-loss-free balancing: after each training step, every MoE
             block's ``e_score_correction_bias`` moves by ``rate * sign(mean load - load_e)`` (the paper's bias update
@@ -124,6 +132,7 @@ class DeepseekV3Config(LlamaConfig):
     v_head_dim: int = 128
     rope_interleave: bool = True
     attention_bias: bool = False
+    mla_absorb: str = "auto"
     moe_dispatch: str = "dense"
     router_bias_update_rate: float = 0.0
     router_metrics_groups: int = 4
@@ -145,6 +154,8 @@ class DeepseekV3Config(LlamaConfig):
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{name}: {key} must be positive, got {getattr(self, key)}")
+        if self.mla_absorb not in MLA_ABSORB:
+            raise ValueError(f"{name}: mla_absorb must be one of {MLA_ABSORB}, got {self.mla_absorb!r}")
         if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
             raise ValueError(
                 f"{name}: v_head_dim ({self.v_head_dim}) must not exceed qk_nope_head_dim + qk_rope_head_dim "
@@ -403,6 +414,7 @@ class LatentAttention(ModuleWithStateDictSerialization):
     backend: str = eqx.field(static=True, default="auto")
     block_size: int = eqx.field(static=True, default=128)
     context_parallel: str = eqx.field(static=True, default="allgather")
+    absorb: str = eqx.field(static=True, default="auto")
 
     @staticmethod
     def init(config: DeepseekV3Config, *, key: jax.Array) -> LatentAttention:
@@ -437,6 +449,7 @@ class LatentAttention(ModuleWithStateDictSerialization):
             backend=config.attn_backend,
             block_size=config.flash_attention_block_size,
             context_parallel=config.attention_context_parallel,
+            absorb=config.mla_absorb,
         )
 
     def _rotate(self, x: NamedArray, Pos: Axis, pos_ids: NamedArray | None) -> NamedArray:
@@ -477,7 +490,8 @@ class LatentAttention(ModuleWithStateDictSerialization):
         latent, k_rope = cache.layer_keys, cache.layer_values
         allowed = cache.attention_mask(pos_ids)
         w_kv = self._absorbable_kv_b()
-        if w_kv is not None and _absorb_pays(Pos.size, self.dims):
+        absorb = self.absorb == "always" or (self.absorb == "auto" and _absorb_pays(Pos.size, self.dims))
+        if w_kv is not None and absorb:
             # attention in the latent space: kv_b_proj's key part goes into the query, its value part after the
             # weighted sum, so the cached latents are never expanded per head
             w_k, w_v = _split(w_kv, "kv_b", (nope, v), ("nope_head_size", "v_head_size"))
