@@ -278,16 +278,13 @@ def test_page_pool_counts_references_and_evicts_the_least_recently_used() -> Non
     assert pool.available == 1
 
 
-def test_a_latent_cache_stays_on_static_batches() -> None:
-    """DeepSeek-V3's multi-head latent attention caches keys and values of other shapes: no paging."""
-    import jax
-
-    import ponente.namedtensor as hax
-    from ponente.models import DeepseekV3Config
-
-    hf = transformers.DeepseekV3Config(
+def test_a_latent_cache_runs_in_the_continuous_batch(tmp_path: Path) -> None:
+    """DeepSeek-V3's multi-head latent attention caches latents as keys and rotary keys as values (another last axis):
+    its pages hold both, and each request's greedy tokens equal ``transformers``' ``generate`` (decoding steps attend
+    in the latent space, prompt chunks of 4 too)."""
+    hf_config = transformers.DeepseekV3Config(
         vocab_size=64,
-        max_position_embeddings=32,
+        max_position_embeddings=64,
         hidden_size=32,
         intermediate_size=48,
         moe_intermediate_size=12,
@@ -304,8 +301,29 @@ def test_a_latent_cache_stays_on_static_batches() -> None:
         qk_rope_head_dim=4,
         qk_nope_head_dim=8,
         v_head_dim=6,
-    ).to_dict()
-    model = DeepseekV3Config.from_hf_config(hf).build(hax.Axis("vocab", 64), key=jax.random.key(0))
-    assert not Engine(model).continuous
-    with pytest.raises(ValueError, match=r"continuous: .* cannot be paged"):
-        Engine(model, continuous=True)
+        initializer_range=0.2,
+        num_nextn_predict_layers=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    hf = transformers.DeepseekV3ForCausalLM(hf_config).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))[0]
+    engine = Engine(model, **SMALL)
+    assert engine.continuous
+    # per token and layer: a latent of 12 and a rotary key of 4, float32
+    assert engine.kv_bytes_per_token == 2 * (12 + 4) * 4
+    prompts = [[p % 64 for p in prompt] for prompt in PROMPTS[:3]]
+    completions = engine.generate(prompts, GenerationConfig(max_new_tokens=8))
+    for prompt, completion in zip(prompts, completions, strict=True):
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=8,
+                min_new_tokens=8,
+            )
+        assert completion.tokens == out[0, len(prompt) :].tolist()

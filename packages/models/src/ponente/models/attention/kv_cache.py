@@ -225,15 +225,18 @@ class PagedKvCache(KvCache):
         pages: int,
         page_size: int,
         dtype: jnp.dtype | type = jnp.float32,
+        ValueSize: Axis | None = None,
     ) -> PagedKvCache:
         """An empty (zero) pool of ``pages`` pages of ``page_size`` slots, without a page table yet.
 
         Args:
             Leading: the axes before the page axes, then the heads: e.g. ``(Layers, KVHeads)`` (``layers`` first).
-            HeadSize: the per-head axis (last).
+            HeadSize: the per-head axis of the keys (last).
             pages: the number of pages in the pool.
             page_size: the token slots of a page.
             dtype: the dtype of keys and values.
+            ValueSize: the last axis of the values when it differs from the keys' (e.g. DeepSeek-V3's latent cache:
+                latents as keys, rotary keys as values); None: ``HeadSize``.
 
         Raises:
             ValueError: if ``pages`` or ``page_size`` is below 1.
@@ -245,16 +248,22 @@ class PagedKvCache(KvCache):
         leading = (Leading,) if isinstance(Leading, Axis) else tuple(Leading)
         layers = tuple(ax for ax in leading if ax.name == "layers")
         heads = tuple(ax for ax in leading if ax.name != "layers")
-        axes = (*layers, Axis("page", pages), Axis("page_position", page_size), *heads, HeadSize)
-        return PagedKvCache(hax.zeros(axes, dtype=dtype), hax.zeros(axes, dtype=dtype))
+        axes = (*layers, Axis("page", pages), Axis("page_position", page_size), *heads)
+        values = HeadSize if ValueSize is None else ValueSize
+        return PagedKvCache(hax.zeros((*axes, HeadSize), dtype=dtype), hax.zeros((*axes, values), dtype=dtype))
 
     @staticmethod
     def like(template: KvCache, *, pages: int, page_size: int) -> PagedKvCache:
         """A pool for the layers, heads and dtype of a model's contiguous cache ``template`` (its ``batch`` and
-        ``cache_position`` axes are dropped; e.g. ``model.init_cache(Batch, 1)``, or its ``jax.eval_shape``)."""
-        keys = template.keys
-        leading = tuple(ax for ax in keys.axes if ax.name not in ("batch", CACHE_POSITION))
-        return PagedKvCache.init(leading[:-1], leading[-1], pages=pages, page_size=page_size, dtype=keys.dtype)
+        ``cache_position`` axes are dropped; e.g. ``model.init_cache(Batch, 1)``, or its ``jax.eval_shape``); keys
+        and values may differ in their last axis."""
+        keys, values = (
+            tuple(ax for ax in x.axes if ax.name not in ("batch", CACHE_POSITION))
+            for x in (template.keys, template.values)
+        )
+        return PagedKvCache.init(
+            keys[:-1], keys[-1], pages=pages, page_size=page_size, dtype=template.keys.dtype, ValueSize=values[-1]
+        )
 
     @property
     def pages(self) -> int:

@@ -91,8 +91,8 @@ class Engine:
             tokens arrive in groups of up to this size; 1: one step per call). Continuous batching runs several only
             while every busy slot decodes and no waiting request could take a free slot (see below).
         continuous: True: continuous batching over a paged cache (see below); False: static batches, each with a
-            contiguous cache; None: continuous whenever the model's cache can be paged (every decoder-only family
-            but DeepSeek-V3, whose latent cache cannot).
+            contiguous cache; None: continuous whenever the model's cache can be paged (every decoder-only family,
+            DeepSeek-V3's latent cache included).
         page_size: continuous batching: the token slots of a cache page.
         max_pages: continuous batching: the pages of the pool (None: ``kv_cache_bytes``, else enough for
             ``max_batch_size`` sequences of ``max_seq_len`` tokens).
@@ -187,9 +187,10 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.prefix_caching = prefix_caching
         template = jax.eval_shape(lambda: model.init_cache(Axis("batch", 1), 1, dtype=cache_dtype))
-        pageable = (
+        pageable = (  # keys and values may differ in their last axis (DeepSeek-V3's latents and rotary keys)
             type(template) is KvCache
-            and template.keys.axes == template.values.axes
+            and template.keys.axes[:-1] == template.values.axes[:-1]
+            and template.keys.dtype == template.values.dtype
             and {"batch", CACHE_POSITION} <= set(template.keys.axis_names)
         )
         if continuous and not pageable:
@@ -203,11 +204,9 @@ class Engine:
         """The pages of the pool (continuous batching; 0 otherwise)."""
         if self.continuous:
             pages_per_seq = -(-self.max_seq_len // page_size)
-            keys = template.keys
-            per_token = (
-                2
-                * keys.dtype.itemsize
-                * math.prod(ax.size for ax in keys.axes if ax.name not in ("batch", CACHE_POSITION))
+            per_token = sum(
+                x.dtype.itemsize * math.prod(ax.size for ax in x.axes if ax.name not in ("batch", CACHE_POSITION))
+                for x in (template.keys, template.values)
             )
             self.kv_bytes_per_token = per_token
             """Bytes of keys and values one token takes in the cache (every layer)."""
@@ -666,9 +665,12 @@ class _ContinuousBatch:
     def _device_pool(self) -> Any:
         if self._kv is None:
             with self.engine._on_mesh():
-                keys = self.template.keys
-                axes = tuple(ax for ax in keys.axes if ax.name not in ("batch", CACHE_POSITION))
-                self._kv = _NEW_POOL(axes[:-1], axes[-1], keys.dtype, self.engine.max_pages, self.page_size)
+                keys, values = (
+                    tuple(ax for ax in x.axes if ax.name not in ("batch", CACHE_POSITION))
+                    for x in (self.template.keys, self.template.values)
+                )
+                dtype = self.template.keys.dtype
+                self._kv = _NEW_POOL(keys[:-1], keys[-1], values[-1], dtype, self.engine.max_pages, self.page_size)
         return self._kv
 
     def _finish(self, slot: int | None, seq: _Sequence) -> None:
@@ -965,9 +967,13 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _new_pool(leading: tuple[Axis, ...], HeadSize: Axis, dtype: Any, pages: int, page_size: int) -> Any:
-    """The zero page pool of a model (compiled, so a mesh places it sharded)."""
-    return hax.auto_sharded(PagedKvCache.init(leading, HeadSize, pages=pages, page_size=page_size, dtype=dtype))
+def _new_pool(
+    leading: tuple[Axis, ...], HeadSize: Axis, ValueSize: Axis, dtype: Any, pages: int, page_size: int
+) -> Any:
+    """The zero page pool of a model (compiled, so a mesh places it sharded); values may end in another axis than the
+    keys (DeepSeek-V3's latent cache)."""
+    cache = PagedKvCache.init(leading, HeadSize, pages=pages, page_size=page_size, dtype=dtype, ValueSize=ValueSize)
+    return hax.auto_sharded(cache)
 
 
 def _paged_step(
