@@ -83,18 +83,23 @@ def _hf_model(size: str, arch: str = "llama") -> Any:
             config = transformers.LlamaConfig(**sizes, **common)
             cls = transformers.LlamaForCausalLM
         elif arch == "deepseek_v3":
-            latent = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
-            experts = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1}
-            config = transformers.DeepseekV3Config(
-                **{**sizes, "num_key_value_heads": s["heads"]},
-                **latent,
-                **experts,
-                q_lora_rank=64,
-                moe_intermediate_size=128,
-                first_k_dense_replace=1,
-                num_nextn_predict_layers=0,
-                **common,
-            )
+            deepseek: dict[str, Any] = {
+                **sizes,
+                "num_key_value_heads": s["heads"],
+                "kv_lora_rank": 64,
+                "qk_nope_head_dim": 32,
+                "qk_rope_head_dim": 16,
+                "v_head_dim": 32,
+                "q_lora_rank": 64,
+                "n_routed_experts": 8,
+                "num_experts_per_tok": 2,
+                "n_group": 2,
+                "topk_group": 1,
+                "moe_intermediate_size": 128,
+                "first_k_dense_replace": 1,
+                "num_nextn_predict_layers": 0,
+            }
+            config = transformers.DeepseekV3Config(**deepseek, **common)
             cls = transformers.DeepseekV3ForCausalLM
         else:
             raise ValueError(
