@@ -20,6 +20,7 @@ Without a mesh, or with ``position`` not split, the same code runs on one block 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -34,7 +35,7 @@ from ponente.namedtensor.partitioning import pspec_for_axis
 
 from .._mesh_axis import current_or_abstract_mesh, split_axis
 from ._mask import AttentionMask
-from .flash import UNSEEN_LSE, _flash_arrays
+from .flash import _forward, _key_block_grads, _padded, _pair, _Spec
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
@@ -208,6 +209,88 @@ def _flash_layout(q: jax.Array, n_shared: int) -> tuple[jax.Array, Any]:
     return qt.reshape(*q.shape[:n_shared], -1, lq, d).astype(jnp.float32), back
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    """The static part of a blockwise ring (hashable: a ``nondiff`` argument of :func:`_ring_flash`)."""
+
+    spec: _Spec  # the blockwise kernel's tiles and mask, the same at every step
+    axis: str | None  # the mesh axis the blocks travel along (None: one device, no transfer)
+    devices: int
+
+    def pass_on(self, *xs: jax.Array | None) -> tuple[Any, ...]:
+        """Each array handed to the next device of the ring (device ``i`` gets device ``i - 1``'s); None stays None."""
+        if self.axis is None:
+            return xs
+        perm = [(i, (i + 1) % self.devices) for i in range(self.devices)]
+        return tuple(None if x is None else jax.lax.ppermute(x, self.axis, perm) for x in xs)
+
+
+def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> Any:
+    """The output and log-sum-exp of the queries against every block of the ring, merged step by step."""
+    q_seg, k_seg, q_idx, k_idx = ids
+    out = lse = jnp.zeros(())
+    for step in range(ring.devices):
+        out_b, lse_b = _forward(
+            ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+        )
+        if step == 0:
+            out, lse = out_b, lse_b
+        else:
+            merged = jnp.logaddexp(lse, lse_b)
+            out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
+            lse = merged
+        if step < ring.devices - 1:
+            k, v, k_idx, k_seg = ring.pass_on(k, v, k_idx, k_seg)
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ring_flash(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> jax.Array:
+    """One device's blockwise ring attention: ``q [..., g, Lq, D]`` (float32) against the ``k``/``v``
+    ``[..., Lk, D]`` blocks of all devices, with segment ids and token indices ``(q_seg, k_seg, q_idx, k_idx)``
+    (None where the mask does not use them), all padded to the block as :func:`.flash._padded` does.
+
+    Its VJP keeps only the inputs, the output and the final log-sum-exp, whatever the number of devices; the backward
+    pass runs the ring again, recomputing each block's probabilities from the final log-sum-exp, and the key/value
+    gradients travel with their block back to the device that owns it.
+    """
+    return _ring_forward(ring, q, k, v, *ids)[0]
+
+
+def _ring_flash_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> Any:
+    out, lse = _ring_forward(ring, q, k, v, *ids)
+    return out, (q, k, v, ids, out, lse)
+
+
+def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
+    q, k, v, ids, out, lse = res
+    q_seg, k_seg, q_idx, k_idx = ids
+    k_home, v_home = k, v
+    delta = jnp.sum(dout * out, axis=-1)  # the final output's: every block's probabilities are the final ones
+    dq = dk = dv = jnp.zeros(())
+    for step in range(ring.devices):
+        dq_b, dk_b, dv_b = _key_block_grads(
+            ring.spec,
+            q,
+            k.astype(q.dtype),
+            v.astype(q.dtype),
+            _pair(q_seg, k_seg),
+            _pair(q_idx, k_idx),
+            dout,
+            lse,
+            delta,
+        )
+        # the key/value gradients accumulate (float32) in a buffer that travels with its block
+        dq, dk, dv = (dq_b, dk_b, dv_b) if step == 0 else (dq + dq_b, dk + dk_b, dv + dv_b)
+        if step < ring.devices - 1:
+            k, v, k_idx, k_seg, dk, dv = ring.pass_on(k, v, k_idx, k_seg, dk, dv)
+    dk, dv = ring.pass_on(dk, dv)  # one more hop: back to the device the block came from
+    return dq, dk.astype(k_home.dtype), dv.astype(v_home.dtype), *(None for _ in ids)
+
+
+_ring_flash.defvjp(_ring_flash_fwd, _ring_flash_bwd)
+
+
 def _ring_blockwise_local(
     q: jax.Array,
     k: jax.Array,
@@ -226,36 +309,27 @@ def _ring_blockwise_local(
     soft_cap: float | None,
     block_size: int,
 ) -> jax.Array:
-    """:func:`_ring_local` with each step computed by the blockwise kernel: its output and log-sum-exp per query row
-    merge into the running ones (``lse = logaddexp(lse, lse_b)``), so no step materializes its scores."""
+    """:func:`_ring_local` with each step computed by the blockwise kernel (float32): its output and log-sum-exp per
+    query row merge into the running ones (``lse = logaddexp(lse, lse_b)``), so no step materializes its scores, and
+    the custom VJP of :func:`_ring_flash` keeps nothing per step (activation memory falls as ``1 / devices``)."""
     qf, back = _flash_layout(q, n_shared)
-    out = jnp.zeros((*qf.shape[:-1], v.shape[-1]), jnp.float32)
-    lse = jnp.full(qf.shape[:-1], UNSEEN_LSE, jnp.float32)
-    perm = [(i, (i + 1) % devices) for i in range(devices)]
-    for step in range(devices):
-        out_b, lse_b = _flash_arrays(
-            qf,
-            k.astype(jnp.float32),
-            v.astype(jnp.float32),
-            q_seg if k_seg is not None else None,
-            k_seg,
-            block_size=block_size,
-            causal=causal or window is not None,
-            window=window,
-            scale=scale,
-            soft_cap=soft_cap,
-            q_idx=q_idx,
-            k_idx=k_idx,
-            with_lse=True,
-        )
-        merged = jnp.logaddexp(lse, lse_b)
-        out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
-        lse = merged
-        if axis is not None and step < devices - 1:
-            k, v, k_idx = (jax.lax.ppermute(x, axis, perm) for x in (k, v, k_idx))
-            if k_seg is not None:
-                k_seg = jax.lax.ppermute(k_seg, axis, perm)
-    return back(out).astype(v.dtype)
+    lq = qf.shape[-2]
+    spec, (qf, k, v, q_seg, k_seg, q_idx, k_idx) = _padded(
+        qf,
+        k,
+        v,
+        q_seg if k_seg is not None else None,
+        k_seg,
+        block_size=block_size,
+        causal=causal or window is not None,
+        window=window,
+        scale=scale,
+        soft_cap=soft_cap,
+        q_idx=q_idx,
+        k_idx=k_idx,
+    )
+    out = _ring_flash(_Ring(spec, axis, devices), qf, k, v, q_seg, k_seg, q_idx, k_idx)
+    return back(out[..., :lq, :]).astype(v.dtype)
 
 
 def context_parallel_attention(
