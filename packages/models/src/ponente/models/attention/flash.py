@@ -9,7 +9,9 @@ that a query block cannot see (above the causal diagonal, outside the sliding wi
 indices (tokens in another order than the position axis, or a device's queries against every key under context
 parallelism), the masks compare the indices, and tiles the mask hides entirely are skipped at run time. Scores may be
 soft-capped (Gemma 2: ``cap * tanh(score / cap)`` after scaling, before masking); the backward pass applies the
-derivative of the cap, ``1 - tanh²``, to each recomputed tile.
+derivative of the cap, ``1 - tanh²``, to each recomputed tile. The backward pass over one block of keys, given the
+log-sum-exp and ``rowsum(dout * out)`` from outside, is one function (:func:`_key_block_grads`), which ring attention's
+backward pass (:mod:`.ring`) calls once per block with the log-sum-exp over all blocks.
 """
 
 from __future__ import annotations
@@ -299,8 +301,8 @@ def _padded(
     padded to a multiple of the block (segment ids and token indices None where the mask does not use them)."""
     q_len, k_len = q.shape[-2], k.shape[-2]
     indexed = q_idx is not None and k_idx is not None and (causal or window is not None)
-    if not indexed and q_len != k_len:
-        raise ValueError(f"flash attention: {q_len} queries and {k_len} keys need token indices")
+    if not indexed and q_len != k_len and (causal or window is not None):
+        raise ValueError(f"flash attention: a causal mask over {q_len} queries and {k_len} keys needs token indices")
     blk = min(block_size, q_len, k_len)
 
     def pad_positions(x: jax.Array, axis: int) -> jax.Array:
@@ -344,10 +346,10 @@ def _flash_arrays(
     """Flash attention on positional arrays: ``q [..., g, Lq, D]``, ``k [..., Lk, D]``, ``v [..., Lk, Dv]``.
 
     The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
-    segment ids are ``[..., Lq]`` and ``[..., Lk]``. Without token indices the queries and keys are the same
-    positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original index of each
-    query and key, e.g. a device's queries against all keys under context parallelism), causality and windows
-    compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded queries
+    segment ids are ``[..., Lq]`` and ``[..., Lk]``. Without token indices a causal mask or window takes the queries
+    and keys as the same positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original
+    index of each query and key, e.g. a device's queries against all keys under context parallelism), causality and
+    windows compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded queries
     dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
     """
     q_len = q.shape[-2]

@@ -8,7 +8,10 @@ and values of the others in one of two ways (``model.attention_context_parallel`
   attends to all of them at once.
 * ``"ring"``: ``n`` times, the device attends to the key/value block it holds, merges the result into its running
   output with the online softmax (as flash attention does), and hands the block to the next device (``ppermute``);
-  no device ever holds more than one block.
+  no device ever holds more than one block. Blockwise, the whole ring has its own VJP: the forward pass keeps only
+  the device's queries, its own key/value block, the output and the final log-sum-exp (nothing per step, so the
+  activation memory falls as ``1 / n``); the backward pass runs the ring again, each block's probabilities
+  recomputed from the final log-sum-exp, and the key/value gradients travel with their block back to its device.
 
 The attention to the keys at hand is blockwise (the :mod:`.flash` kernel with token indices; ring steps merge by the
 kernel's log-sum-exp) or computed from materialized scores (the ``reference`` backend). The mask is built from the
@@ -27,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import PartitionSpec
 
 import ponente.namedtensor as hax
@@ -35,7 +39,7 @@ from ponente.namedtensor.partitioning import pspec_for_axis
 
 from .._mesh_axis import current_or_abstract_mesh, split_axis
 from ._mask import AttentionMask
-from .flash import _forward, _key_block_grads, _padded, _pair, _Spec
+from .flash import _flash_arrays, _forward, _key_block_grads, _padded, _pair, _Spec
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
@@ -73,8 +77,13 @@ def _ring_local(
     window: int | None,
     soft_cap: float | None,
 ) -> jax.Array:
-    """One device's part. ``q``: ``(shared..., Lq, rest..., D)``; ``k``/``v``: ``(shared..., Lk, D)``; indices
-    ``(L,)``; segment ids ``(shared..., L)`` or None. Returns ``q``'s shape, in ``v``'s dtype."""
+    """One device's part, from materialized scores (the ``reference`` backend). ``q``: ``(shared..., Lq, rest...,
+    D)``; ``k``/``v``: ``(shared..., Lk, D)``; indices ``(L,)``; segment ids ``(shared..., L)`` or None. Returns
+    ``q``'s shape, in ``v``'s dtype.
+
+    This is the exact reference path, differentiated by JAX's autodiff: each step's merge is rematerialized, but the
+    running statistics and the received key/value block of every step are kept for the backward pass, so its memory
+    does not fall with the number of devices as the blockwise ring's (:func:`_ring_flash`) does."""
     shared_shape = q.shape[:n_shared]
     lq, d = q.shape[n_shared], q.shape[-1]
     rest_shape = q.shape[n_shared + 1 : -1]
@@ -150,8 +159,8 @@ def _gathered_local(
     """One device's part of all-gather attention: its queries against every key and value of the context axis.
 
     Keys, values, their token indices and segment ids are gathered over ``axis``; then either the blockwise kernel
-    (``block_size`` set: :mod:`.flash` with token indices, O(queries x block) memory) or the materialized scores
-    (``block_size`` None: one merge of :func:`_ring_local`)."""
+    (``block_size`` set: :mod:`.flash` with token indices, O(queries x block) memory, float32) or the materialized
+    scores (``block_size`` None: one merge of :func:`_ring_local`)."""
     if axis is not None:
         k, v = (jax.lax.all_gather(x, axis, axis=n_shared, tiled=True) for x in (k, v))
         k_idx = jax.lax.all_gather(k_idx, axis, axis=0, tiled=True)
@@ -174,23 +183,22 @@ def _gathered_local(
             window=window,
             soft_cap=soft_cap,
         )
-    return _ring_blockwise_local(
-        q,
-        k,
-        v,
-        q_idx,
-        k_idx,
-        q_seg,
+    qf, back = _flash_layout(q, n_shared)
+    out = _flash_arrays(
+        qf,
+        k.astype(jnp.float32),
+        v.astype(jnp.float32),
+        q_seg if k_seg is not None else None,
         k_seg,
-        axis=None,
-        devices=1,
-        n_shared=n_shared,
-        scale=scale,
-        causal=causal,
-        window=window,
-        soft_cap=soft_cap,
         block_size=block_size,
+        causal=causal or window is not None,
+        window=window,
+        scale=scale,
+        soft_cap=soft_cap,
+        q_idx=q_idx,
+        k_idx=k_idx,
     )
+    return back(out).astype(v.dtype)
 
 
 def _flash_layout(q: jax.Array, n_shared: int) -> tuple[jax.Array, Any]:
@@ -228,19 +236,23 @@ class _Ring:
 def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> Any:
     """The output and log-sum-exp of the queries against every block of the ring, merged step by step."""
     q_seg, k_seg, q_idx, k_idx = ids
-    out = lse = jnp.zeros(())
-    for step in range(ring.devices):
-        out_b, lse_b = _forward(
-            ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), _pair(q_seg, k_seg), _pair(q_idx, k_idx)
-        )
-        if step == 0:
-            out, lse = out_b, lse_b
-        else:
-            merged = jnp.logaddexp(lse, lse_b)
-            out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
-            lse = merged
-        if step < ring.devices - 1:
-            k, v, k_idx, k_seg = ring.pass_on(k, v, k_idx, k_seg)
+
+    def attend(k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> tuple[jax.Array, jax.Array]:
+        seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+        return _forward(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx)
+
+    def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        out, lse, *block = carry
+        block = ring.pass_on(*block)
+        out_b, lse_b = attend(*block)
+        merged = jnp.logaddexp(lse, lse_b)
+        out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
+        return out, merged, *block
+
+    # a loop, not unrolled steps: the compiler then reuses one step's buffers for the next
+    out, lse = attend(k, v, k_idx, k_seg)
+    if ring.devices > 1:
+        out, lse, *_ = lax.fori_loop(1, ring.devices, step, (out, lse, k, v, k_idx, k_seg))
     return out, lse
 
 
@@ -265,27 +277,24 @@ def _ring_flash_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids:
 def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
     q, k, v, ids, out, lse = res
     q_seg, k_seg, q_idx, k_idx = ids
-    k_home, v_home = k, v
     delta = jnp.sum(dout * out, axis=-1)  # the final output's: every block's probabilities are the final ones
-    dq = dk = dv = jnp.zeros(())
-    for step in range(ring.devices):
-        dq_b, dk_b, dv_b = _key_block_grads(
-            ring.spec,
-            q,
-            k.astype(q.dtype),
-            v.astype(q.dtype),
-            _pair(q_seg, k_seg),
-            _pair(q_idx, k_idx),
-            dout,
-            lse,
-            delta,
-        )
-        # the key/value gradients accumulate (float32) in a buffer that travels with its block
-        dq, dk, dv = (dq_b, dk_b, dv_b) if step == 0 else (dq + dq_b, dk + dk_b, dv + dv_b)
-        if step < ring.devices - 1:
-            k, v, k_idx, k_seg, dk, dv = ring.pass_on(k, v, k_idx, k_seg, dk, dv)
+
+    def grads(k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+        seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+        return _key_block_grads(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx, dout, lse, delta)
+
+    def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        dq, *travelling = carry
+        dk, dv, *block = ring.pass_on(*travelling)
+        dq_b, dk_b, dv_b = grads(*block)
+        return dq + dq_b, dk + dk_b, dv + dv_b, *block
+
+    # the key/value gradients accumulate (float32) in buffers that travel around the ring with their block
+    dq, dk, dv = grads(k, v, k_idx, k_seg)
+    if ring.devices > 1:
+        dq, dk, dv, *_ = lax.fori_loop(1, ring.devices, step, (dq, dk, dv, k, v, k_idx, k_seg))
     dk, dv = ring.pass_on(dk, dv)  # one more hop: back to the device the block came from
-    return dq, dk.astype(k_home.dtype), dv.astype(v_home.dtype), *(None for _ in ids)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), *(None for _ in ids)
 
 
 _ring_flash.defvjp(_ring_flash_fwd, _ring_flash_bwd)
