@@ -223,7 +223,8 @@ def _key_block_grads(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(dq, dk, dv)`` of the queries ``q`` against one block of keys ``k``/``v``, given from outside the
     log-sum-exp ``lse [..., g, Lq]`` of the attention the gradient flows through (over these keys or more: ring
-    attention passes the one over all its key blocks) and ``delta = rowsum(dout * out)`` of its output. ``dq`` is these keys' share of the query gradient; ``dk``/``dv`` are complete for this block.
+    attention passes the one over all its key blocks) and ``delta = rowsum(dout * out)`` of its output. ``dq`` is
+    these keys' share of the query gradient; ``dk``/``dv`` are complete for this block.
 
     Probabilities are recomputed tile by tile, ``p = exp(s - lse)``, and the scores' gradient is
     ``ds = p * (dp - delta)`` (times ``1 - tanh²`` under a soft cap).
@@ -349,8 +350,8 @@ def _flash_arrays(
     segment ids are ``[..., Lq]`` and ``[..., Lk]``. Without token indices a causal mask or window takes the queries
     and keys as the same positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original
     index of each query and key, e.g. a device's queries against all keys under context parallelism), causality and
-    windows compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded queries
-    dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
+    windows compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded
+    queries dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
     """
     q_len = q.shape[-2]
     spec, (q, k, v, q_seg, k_seg, q_idx, k_idx) = _padded(

@@ -242,8 +242,8 @@ def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: j
         return _forward(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx)
 
     def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        out, lse, *block = carry
-        block = ring.pass_on(*block)
+        out, lse, *held = carry
+        block = ring.pass_on(*held)
         out_b, lse_b = attend(*block)
         merged = jnp.logaddexp(lse, lse_b)
         out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
