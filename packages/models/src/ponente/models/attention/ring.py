@@ -39,7 +39,7 @@ from ponente.namedtensor.partitioning import pspec_for_axis
 
 from .._mesh_axis import current_or_abstract_mesh, split_axis
 from ._mask import AttentionMask
-from .flash import _flash_arrays, _forward, _key_block_grads, _padded, _pair, _Spec
+from .flash import UNSEEN_LSE, _flash_arrays, _forward, _key_block_grads, _padded, _pair, _Spec
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
@@ -237,23 +237,23 @@ def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: j
     """The output and log-sum-exp of the queries against every block of the ring, merged step by step."""
     q_seg, k_seg, q_idx, k_idx = ids
 
-    def attend(k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> tuple[jax.Array, jax.Array]:
+    def attend(out: jax.Array, lse: jax.Array, k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> Any:
         seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
-        return _forward(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx)
+        out_b, lse_b = _forward(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx)
+        merged = jnp.logaddexp(lse, lse_b)
+        return out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None], merged
 
     def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        out, lse, *held = carry
-        block = ring.pass_on(*held)
-        out_b, lse_b = attend(*block)
-        merged = jnp.logaddexp(lse, lse_b)
-        out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
-        return out, merged, *block
+        out, lse, *block = carry
+        # the block goes on to the next device while this one attends to it
+        return *attend(out, lse, *block), *ring.pass_on(*block)
 
-    # a loop, not unrolled steps: the compiler then reuses one step's buffers for the next
-    out, lse = attend(k, v, k_idx, k_seg)
-    if ring.devices > 1:
-        out, lse, *_ = lax.fori_loop(1, ring.devices, step, (out, lse, k, v, k_idx, k_seg))
-    return out, lse
+    # a loop, not unrolled steps, so that the compiler reuses one step's buffers for the next; the last step, which
+    # passes nothing on, is outside it
+    out = jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
+    lse = jnp.full(q.shape[:-1], UNSEEN_LSE, q.dtype)  # merged with a block's, gives exactly the block's
+    out, lse, *block = lax.fori_loop(0, ring.devices - 1, step, (out, lse, k, v, k_idx, k_seg))
+    return attend(out, lse, *block)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -279,20 +279,26 @@ def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple
     q_seg, k_seg, q_idx, k_idx = ids
     delta = jnp.sum(dout * out, axis=-1)  # the final output's: every block's probabilities are the final ones
 
-    def grads(k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def grads(dq: jax.Array, dk: jax.Array, dv: jax.Array, k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> Any:
+        """The accumulated gradients plus this block's share: ``dk``/``dv`` are the block's own, from the devices
+        it has visited before."""
         seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
-        return _key_block_grads(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx, dout, lse, delta)
+        dq_b, dk_b, dv_b = _key_block_grads(
+            ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx, dout, lse, delta
+        )
+        return dq + dq_b, dk + dk_b, dv + dv_b
 
     def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        dq, *travelling = carry
-        dk, dv, *block = ring.pass_on(*travelling)
-        dq_b, dk_b, dv_b = grads(*block)
-        return dq + dq_b, dk + dk_b, dv + dv_b, *block
+        dq, dk, dv, *block = carry
+        dq, dk, dv = grads(dq, dk, dv, *block)
+        # the block goes on while its gradients are computed; its gradients follow it
+        block = ring.pass_on(*block)
+        return dq, *ring.pass_on(dk, dv), *block
 
     # the key/value gradients accumulate (float32) in buffers that travel around the ring with their block
-    dq, dk, dv = grads(k, v, k_idx, k_seg)
-    if ring.devices > 1:
-        dq, dk, dv, *_ = lax.fori_loop(1, ring.devices, step, (dq, dk, dv, k, v, k_idx, k_seg))
+    init = (jnp.zeros_like(q), jnp.zeros(k.shape, q.dtype), jnp.zeros(v.shape, q.dtype), k, v, k_idx, k_seg)
+    dq, dk, dv, *block = lax.fori_loop(0, ring.devices - 1, step, init)
+    dq, dk, dv = grads(dq, dk, dv, *block)
     dk, dv = ring.pass_on(dk, dv)  # one more hop: back to the device the block came from
     return dq, dk.astype(k.dtype), dv.astype(v.dtype), *(None for _ in ids)
 
