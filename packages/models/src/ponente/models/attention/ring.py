@@ -292,8 +292,7 @@ def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple
         dq, dk, dv, *block = carry
         dq, dk, dv = grads(dq, dk, dv, *block)
         # the block goes on while its gradients are computed; its gradients follow it
-        block = ring.pass_on(*block)
-        return dq, *ring.pass_on(dk, dv), *block
+        return dq, *ring.pass_on(dk, dv), *ring.pass_on(*block)
 
     # the key/value gradients accumulate (float32) in buffers that travel around the ring with their block
     init = (jnp.zeros_like(q), jnp.zeros(k.shape, q.dtype), jnp.zeros(v.shape, q.dtype), k, v, k_idx, k_seg)
