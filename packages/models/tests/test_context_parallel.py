@@ -67,7 +67,18 @@ CASES = {
     "causal_packed": {"window": None, "cap": None},
     "sliding_packed": {"window": 6, "cap": None},
     "softcap_sliding_packed": {"window": 6, "cap": 2.0},
+    "full": {"window": None, "cap": None, "causal": False, "packed": False},  # no mask: every key block, no ids
 }
+
+
+def _masks(case: str, seg: hax.NamedArray, perm: np.ndarray) -> tuple[AttentionMask, AttentionMask]:
+    """The case's mask in the original order and in the permuted order (with the token indices)."""
+    window = CASES[case]["window"]
+    mask = AttentionMask.causal(window) if CASES[case].get("causal", True) else AttentionMask()
+    pmask = mask.with_token_index(hax.named(jnp.asarray(perm), (Pos,)))
+    if CASES[case].get("packed", True):
+        mask, pmask = mask.with_segment_ids(seg), pmask.with_segment_ids(_permute(seg, perm))
+    return mask, pmask
 
 
 def test_ring_attention_on_one_device_is_the_reference() -> None:
@@ -84,13 +95,11 @@ def test_ring_attention_on_one_device_is_the_reference() -> None:
 def test_flash_follows_token_indices(case: str) -> None:
     """The blockwise kernel on permuted tokens (token indices, tiles hidden by the mask skipped) equals the
     reference on the original order, values and gradients."""
-    window, cap = CASES[case]["window"], CASES[case]["cap"]
+    cap = CASES[case]["cap"]
     q, k, v, seg = _inputs()
     perm = zigzag_permutation(Pos.size, CONTEXT)
     inverse = np.argsort(perm)
-    mask = AttentionMask.causal(window).with_segment_ids(seg)
-    pmask = AttentionMask.causal(window).with_segment_ids(_permute(seg, perm))
-    pmask = pmask.with_token_index(hax.named(jnp.asarray(perm), (Pos,)))
+    mask, pmask = _masks(case, seg, perm)
 
     def loss(backend, q, k, v, mask, back):
         out = attention(Pos, HeadSize, q, k, v, mask, backend=backend, block_size=4, logit_soft_cap=cap)
@@ -110,9 +119,10 @@ def test_flash_follows_token_indices(case: str) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> None:
     assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
-    window, cap = CASES[case]["window"], CASES[case]["cap"]
+    cap = CASES[case]["cap"]
     q, k, v, seg = _inputs()
-    mask = AttentionMask.causal(window).with_segment_ids(seg)
+    perm = zigzag_permutation(Pos.size, CONTEXT)
+    mask, pmask = _masks(case, seg, perm)
     backend = "flash" if mode.endswith("_flash") else "reference"
     strategy = mode.removesuffix("_flash")
 
@@ -129,11 +139,8 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
     # the single-device reference, in the original order
     ref_out, ref_grads = jax.jit(value_and_grads)(q, k, v, mask)
 
-    perm = zigzag_permutation(Pos.size, CONTEXT)
     inverse = np.argsort(perm)
     pq, pk, pv = (_permute(x, perm) for x in (q, k, v))
-    pmask = AttentionMask.causal(window).with_segment_ids(_permute(seg, perm))
-    pmask = pmask.with_token_index(hax.named(jnp.asarray(perm), (Pos,)))
 
     mapping = {"batch": "data", "position": "context"}
     mesh = hax.partitioning.make_mesh({"data": 2, "context": CONTEXT}, devices=jax.devices()[:8])
@@ -164,6 +171,76 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
     for got, want in zip(grads, ref_grads, strict=True):
         back = np.asarray(_permute(got, inverse).array)
         np.testing.assert_allclose(back, np.asarray(want.array), atol=1e-5)
+
+
+MAPPING = {"batch": "data", "position": "context"}
+
+
+def _mesh() -> jax.sharding.Mesh:
+    return hax.partitioning.make_mesh({"data": 2, "context": CONTEXT}, devices=jax.devices()[:8])
+
+
+@pytest.mark.multidevice
+def test_ring_flash_in_bfloat16_returns_bfloat16_gradients() -> None:
+    """bfloat16 inputs: the ring accumulates in float32 and returns the output and gradients in bfloat16, within
+    bfloat16 rounding of the float32 reference on the same (rounded) inputs."""
+    q, k, v, seg = _inputs()
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    perm = zigzag_permutation(Pos.size, CONTEXT)
+    inverse = np.argsort(perm)
+    mask, pmask = _masks("causal_packed", seg, perm)
+
+    def ref(a, b, c):
+        return _objective(attention(Pos, HeadSize, a, b, c, mask, backend="reference"))
+
+    want = jax.jit(jax.grad(ref, argnums=(0, 1, 2)))(*(x.astype(jnp.float32) for x in (q, k, v)))
+
+    @hax.named_jit(axis_resources=MAPPING)
+    def run(q, k, v, mask):
+        q, k, v, mask = hax.shard((q, k, v, mask), MAPPING)
+
+        def objective(a, b, c):
+            out = attention(Pos, HeadSize, a, b, c, mask, backend="flash", block_size=4, context_parallel="ring")
+            assert out.dtype == jnp.bfloat16
+            return _objective(_permute(out, inverse).astype(jnp.float32))
+
+        return jax.grad(objective, argnums=(0, 1, 2))(q, k, v)
+
+    with hax.partitioning.set_mesh(_mesh()):
+        grads = run(*(_permute(x, perm) for x in (q, k, v)), pmask)
+    for got, w in zip(grads, want, strict=True):
+        assert got.dtype == jnp.bfloat16
+        back = np.asarray(_permute(got, inverse).array.astype(jnp.float32))
+        np.testing.assert_allclose(back, np.asarray(w.array), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.multidevice
+def test_blockwise_ring_keeps_no_more_memory_than_allgather() -> None:
+    """The blockwise ring's backward pass keeps nothing per step (its own VJP: the inputs, the output and the final
+    log-sum-exp), so the compiled gradient's temporaries per device are at most all-gather's, which holds every key
+    and value. (Differentiating through the ring's steps kept each step's output, log-sum-exp and received block:
+    about twice all-gather's at this shape.)"""
+    Long, Hd = hax.Axis("position", 256), hax.Axis("head_size", 16)
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = hax.random.normal(keys[0], (Batch, Long, KVHeads, Group, Hd))
+    k, v = (hax.random.normal(key, (Batch, Long, KVHeads, Hd)) for key in keys[1:])
+    mask = AttentionMask.causal().with_token_index(hax.named(jnp.asarray(zigzag_permutation(256, CONTEXT)), (Long,)))
+    temp = {}
+    for mode in ("allgather", "ring"):
+
+        @hax.named_jit(axis_resources=MAPPING)
+        def grads(q, k, v, mode=mode):
+            q, k, v = hax.shard((q, k, v), MAPPING)
+
+            def total(a, b, c):
+                out = attention(Long, Hd, a, b, c, mask, backend="flash", block_size=16, context_parallel=mode)
+                return hax.sum(out).scalar()
+
+            return jax.grad(total, argnums=(0, 1, 2))(q, k, v)
+
+        with hax.partitioning.set_mesh(_mesh()):
+            temp[mode] = grads.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+    assert temp["ring"] <= temp["allgather"], temp
 
 
 def test_zigzag_example_keeps_the_loss() -> None:

@@ -9,7 +9,9 @@ that a query block cannot see (above the causal diagonal, outside the sliding wi
 indices (tokens in another order than the position axis, or a device's queries against every key under context
 parallelism), the masks compare the indices, and tiles the mask hides entirely are skipped at run time. Scores may be
 soft-capped (Gemma 2: ``cap * tanh(score / cap)`` after scaling, before masking); the backward pass applies the
-derivative of the cap, ``1 - tanh²``, to each recomputed tile.
+derivative of the cap, ``1 - tanh²``, to each recomputed tile. The backward pass over one block of keys, given the
+log-sum-exp and ``rowsum(dout * out)`` from outside, is one function (:func:`_key_block_grads`), which ring attention's
+backward pass (:mod:`.ring`) calls once per block with the log-sum-exp over all blocks.
 """
 
 from __future__ import annotations
@@ -202,18 +204,33 @@ def _flash_fwd(
 
 
 def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
-    return _backward(spec, res, dout, None)
-
-
-def _backward(spec: _Spec, res: tuple[Any, ...], dout: jax.Array, dlse: jax.Array | None) -> tuple[Any, ...]:
-    """The gradients of the inputs from those of the output and (when it is an output too) of the log-sum-exp."""
     q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse = res
-    seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+    delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
+    dq, dk, dv = _key_block_grads(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx), dout, lse, delta)
+    return dq, dk, dv, None, None, None, None
+
+
+def _key_block_grads(
+    spec: _Spec,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    seg: _Ids,
+    idx: _Ids,
+    dout: jax.Array,
+    lse: jax.Array,
+    delta: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(dq, dk, dv)`` of the queries ``q`` against one block of keys ``k``/``v``, given from outside the
+    log-sum-exp ``lse [..., g, Lq]`` of the attention the gradient flows through (over these keys or more: ring
+    attention passes the one over all its key blocks) and ``delta = rowsum(dout * out)`` of its output. ``dq`` is
+    these keys' share of the query gradient; ``dk``/``dv`` are complete for this block.
+
+    Probabilities are recomputed tile by tile, ``p = exp(s - lse)``, and the scores' gradient is
+    ``ds = p * (dp - delta)`` (times ``1 - tanh²`` under a soft cap).
+    """
     blk = spec.block
     num_q, num_kv = q.shape[-2] // blk, k.shape[-2] // blk
-    delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
-    if dlse is not None:  # d lse / d s = p: ds = p * (dp - delta + dlse)
-        delta = delta - dlse
 
     def tile_grads(i: jax.Array, j: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """Probabilities ``p`` and scaled-score gradients ``ds`` of tile (i, j), plus the query-side slices."""
@@ -260,50 +277,13 @@ def _backward(spec: _Spec, res: tuple[Any, ...], dout: jax.Array, dlse: jax.Arra
 
     dk, dv = lax.map(dkv_block, jnp.arange(num_kv, dtype=jnp.int32))
     dq = _unblock(lax.map(dq_block, jnp.arange(num_q, dtype=jnp.int32)), 1, q.shape)
-    return dq, _unblock(dk, 1, k.shape), _unblock(dv, 1, v.shape), None, None, None, None
+    return dq, _unblock(dk, 1, k.shape), _unblock(dv, 1, v.shape)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash_lse(
-    spec: _Spec,
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    q_seg: jax.Array | None,
-    k_seg: jax.Array | None,
-    q_idx: jax.Array | None,
-    k_idx: jax.Array | None,
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`_flash` that also returns the log-sum-exp of each query row (differentiable: partial results over
-    several key blocks merge exactly, as ring attention does)."""
-    return _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
-
-
-def _flash_lse_fwd(
-    spec: _Spec,
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    q_seg: jax.Array | None,
-    k_seg: jax.Array | None,
-    q_idx: jax.Array | None,
-    k_idx: jax.Array | None,
-) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
-    out, lse = _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
-    return (out, lse), (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
-
-
-def _flash_lse_bwd(spec: _Spec, res: tuple[Any, ...], cts: tuple[jax.Array, jax.Array]) -> tuple[Any, ...]:
-    return _backward(spec, res, cts[0], cts[1])
-
-
-_flash_lse.defvjp(_flash_lse_fwd, _flash_lse_bwd)
-
-
-def _flash_arrays(
+def _padded(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -314,26 +294,16 @@ def _flash_arrays(
     causal: bool,
     window: int | None,
     scale: float,
-    soft_cap: float | None = None,
-    q_idx: jax.Array | None = None,
-    k_idx: jax.Array | None = None,
-    with_lse: bool = False,
-) -> Any:
-    """Flash attention on positional arrays: ``q [..., g, Lq, D]``, ``k [..., Lk, D]``, ``v [..., Lk, Dv]``.
-
-    The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
-    segment ids are ``[..., Lq]`` and ``[..., Lk]``. Without token indices the queries and keys are the same
-    positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original index of each
-    query and key, e.g. a device's queries against all keys under context parallelism), causality and windows
-    compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded queries
-    dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``. With
-    ``with_lse``, returns ``(output, log-sum-exp [..., g, Lq])``, both differentiable (:data:`UNSEEN_LSE` for rows
-    that see no key).
-    """
+    soft_cap: float | None,
+    q_idx: jax.Array | None,
+    k_idx: jax.Array | None,
+) -> tuple[_Spec, tuple[Any, ...]]:
+    """The :class:`_Spec` of a :func:`_flash_arrays` call and its inputs ``(q, k, v, q_seg, k_seg, q_idx, k_idx)``
+    padded to a multiple of the block (segment ids and token indices None where the mask does not use them)."""
     q_len, k_len = q.shape[-2], k.shape[-2]
     indexed = q_idx is not None and k_idx is not None and (causal or window is not None)
-    if not indexed and q_len != k_len:
-        raise ValueError(f"flash attention: {q_len} queries and {k_len} keys need token indices")
+    if not indexed and q_len != k_len and (causal or window is not None):
+        raise ValueError(f"flash attention: a causal mask over {q_len} queries and {k_len} keys needs token indices")
     blk = min(block_size, q_len, k_len)
 
     def pad_positions(x: jax.Array, axis: int) -> jax.Array:
@@ -356,9 +326,48 @@ def _flash_arrays(
     spec = _Spec(
         block=blk, length=k_len, causal=causal, window=window, scale=scale, soft_cap=soft_cap, indexed=indexed
     )
-    if with_lse:
-        out, lse = _flash_lse(spec, q, k, v, q_seg, k_seg, q_idx, k_idx)
-        return out[..., :q_len, :], lse[..., :q_len]
+    return spec, (q, k, v, q_seg, k_seg, q_idx, k_idx)
+
+
+def _flash_arrays(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_seg: jax.Array | None,
+    k_seg: jax.Array | None,
+    *,
+    block_size: int,
+    causal: bool,
+    window: int | None,
+    scale: float,
+    soft_cap: float | None = None,
+    q_idx: jax.Array | None = None,
+    k_idx: jax.Array | None = None,
+) -> jax.Array:
+    """Flash attention on positional arrays: ``q [..., g, Lq, D]``, ``k [..., Lk, D]``, ``v [..., Lk, Dv]``.
+
+    The leading ``...`` batch dimensions are kept as they are (no reshape, so their sharding is untouched);
+    segment ids are ``[..., Lq]`` and ``[..., Lk]``. Without token indices a causal mask or window takes the queries
+    and keys as the same positions (``Lq == Lk``) in order; with them (``q_idx [Lq]``, ``k_idx [Lk]``: the original
+    index of each query and key, e.g. a device's queries against all keys under context parallelism), causality and
+    windows compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded
+    queries dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
+    """
+    q_len = q.shape[-2]
+    spec, (q, k, v, q_seg, k_seg, q_idx, k_idx) = _padded(
+        q,
+        k,
+        v,
+        q_seg,
+        k_seg,
+        block_size=block_size,
+        causal=causal,
+        window=window,
+        scale=scale,
+        soft_cap=soft_cap,
+        q_idx=q_idx,
+        k_idx=k_idx,
+    )
     return _flash(spec, q, k, v, q_seg, k_seg, q_idx, k_idx)[..., :q_len, :]
 
 

@@ -8,7 +8,10 @@ and values of the others in one of two ways (``model.attention_context_parallel`
   attends to all of them at once.
 * ``"ring"``: ``n`` times, the device attends to the key/value block it holds, merges the result into its running
   output with the online softmax (as flash attention does), and hands the block to the next device (``ppermute``);
-  no device ever holds more than one block.
+  no device ever holds more than one block. Blockwise, the whole ring has its own VJP: the forward pass keeps only
+  the device's queries, its own key/value block, the output and the final log-sum-exp (nothing per step, so the
+  activation memory falls as ``1 / n``); the backward pass runs the ring again, each block's probabilities
+  recomputed from the final log-sum-exp, and the key/value gradients travel with their block back to its device.
 
 The attention to the keys at hand is blockwise (the :mod:`.flash` kernel with token indices; ring steps merge by the
 kernel's log-sum-exp) or computed from materialized scores (the ``reference`` backend). The mask is built from the
@@ -20,12 +23,14 @@ Without a mesh, or with ``position`` not split, the same code runs on one block 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import PartitionSpec
 
 import ponente.namedtensor as hax
@@ -34,7 +39,7 @@ from ponente.namedtensor.partitioning import pspec_for_axis
 
 from .._mesh_axis import current_or_abstract_mesh, split_axis
 from ._mask import AttentionMask
-from .flash import UNSEEN_LSE, _flash_arrays
+from .flash import UNSEEN_LSE, _flash_arrays, _forward, _key_block_grads, _padded, _pair, _Spec
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
@@ -72,8 +77,13 @@ def _ring_local(
     window: int | None,
     soft_cap: float | None,
 ) -> jax.Array:
-    """One device's part. ``q``: ``(shared..., Lq, rest..., D)``; ``k``/``v``: ``(shared..., Lk, D)``; indices
-    ``(L,)``; segment ids ``(shared..., L)`` or None. Returns ``q``'s shape, in ``v``'s dtype."""
+    """One device's part, from materialized scores (the ``reference`` backend). ``q``: ``(shared..., Lq, rest...,
+    D)``; ``k``/``v``: ``(shared..., Lk, D)``; indices ``(L,)``; segment ids ``(shared..., L)`` or None. Returns
+    ``q``'s shape, in ``v``'s dtype.
+
+    This is the exact reference path, differentiated by JAX's autodiff: each step's merge is rematerialized, but the
+    running statistics and the received key/value block of every step are kept for the backward pass, so its memory
+    does not fall with the number of devices as the blockwise ring's (:func:`_ring_flash`) does."""
     shared_shape = q.shape[:n_shared]
     lq, d = q.shape[n_shared], q.shape[-1]
     rest_shape = q.shape[n_shared + 1 : -1]
@@ -149,8 +159,8 @@ def _gathered_local(
     """One device's part of all-gather attention: its queries against every key and value of the context axis.
 
     Keys, values, their token indices and segment ids are gathered over ``axis``; then either the blockwise kernel
-    (``block_size`` set: :mod:`.flash` with token indices, O(queries x block) memory) or the materialized scores
-    (``block_size`` None: one merge of :func:`_ring_local`)."""
+    (``block_size`` set: :mod:`.flash` with token indices, O(queries x block) memory, float32) or the materialized
+    scores (``block_size`` None: one merge of :func:`_ring_local`)."""
     if axis is not None:
         k, v = (jax.lax.all_gather(x, axis, axis=n_shared, tiled=True) for x in (k, v))
         k_idx = jax.lax.all_gather(k_idx, axis, axis=0, tiled=True)
@@ -173,23 +183,22 @@ def _gathered_local(
             window=window,
             soft_cap=soft_cap,
         )
-    return _ring_blockwise_local(
-        q,
-        k,
-        v,
-        q_idx,
-        k_idx,
-        q_seg,
+    qf, back = _flash_layout(q, n_shared)
+    out = _flash_arrays(
+        qf,
+        k.astype(jnp.float32),
+        v.astype(jnp.float32),
+        q_seg if k_seg is not None else None,
         k_seg,
-        axis=None,
-        devices=1,
-        n_shared=n_shared,
-        scale=scale,
-        causal=causal,
-        window=window,
-        soft_cap=soft_cap,
         block_size=block_size,
+        causal=causal or window is not None,
+        window=window,
+        scale=scale,
+        soft_cap=soft_cap,
+        q_idx=q_idx,
+        k_idx=k_idx,
     )
+    return back(out).astype(v.dtype)
 
 
 def _flash_layout(q: jax.Array, n_shared: int) -> tuple[jax.Array, Any]:
@@ -206,6 +215,94 @@ def _flash_layout(q: jax.Array, n_shared: int) -> tuple[jax.Array, Any]:
         return jnp.transpose(out.reshape(*q.shape[:n_shared], *rest_shape, lq, out.shape[-1]), inverse)
 
     return qt.reshape(*q.shape[:n_shared], -1, lq, d).astype(jnp.float32), back
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    """The static part of a blockwise ring (hashable: a ``nondiff`` argument of :func:`_ring_flash`)."""
+
+    spec: _Spec  # the blockwise kernel's tiles and mask, the same at every step
+    axis: str | None  # the mesh axis the blocks travel along (None: one device, no transfer)
+    devices: int
+
+    def pass_on(self, *xs: jax.Array | None) -> tuple[Any, ...]:
+        """Each array handed to the next device of the ring (device ``i`` gets device ``i - 1``'s); None stays None."""
+        if self.axis is None:
+            return xs
+        perm = [(i, (i + 1) % self.devices) for i in range(self.devices)]
+        return tuple(None if x is None else jax.lax.ppermute(x, self.axis, perm) for x in xs)
+
+
+def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> Any:
+    """The output and log-sum-exp of the queries against every block of the ring, merged step by step."""
+    q_seg, k_seg, q_idx, k_idx = ids
+
+    def attend(out: jax.Array, lse: jax.Array, k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> Any:
+        seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+        out_b, lse_b = _forward(ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx)
+        merged = jnp.logaddexp(lse, lse_b)
+        return out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None], merged
+
+    def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        out, lse, *block = carry
+        # the block goes on to the next device while this one attends to it
+        return *attend(out, lse, *block), *ring.pass_on(*block)
+
+    # a loop, not unrolled steps, so that the compiler reuses one step's buffers for the next; the last step, which
+    # passes nothing on, is outside it
+    out = jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
+    lse = jnp.full(q.shape[:-1], UNSEEN_LSE, q.dtype)  # merged with a block's, gives exactly the block's
+    out, lse, *block = lax.fori_loop(0, ring.devices - 1, step, (out, lse, k, v, k_idx, k_seg))
+    return attend(out, lse, *block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ring_flash(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> jax.Array:
+    """One device's blockwise ring attention: ``q [..., g, Lq, D]`` (float32) against the ``k``/``v``
+    ``[..., Lk, D]`` blocks of all devices, with segment ids and token indices ``(q_seg, k_seg, q_idx, k_idx)``
+    (None where the mask does not use them), all padded to the block as :func:`.flash._padded` does.
+
+    Its VJP keeps only the inputs, the output and the final log-sum-exp, whatever the number of devices; the backward
+    pass runs the ring again, recomputing each block's probabilities from the final log-sum-exp, and the key/value
+    gradients travel with their block back to the device that owns it.
+    """
+    return _ring_forward(ring, q, k, v, *ids)[0]
+
+
+def _ring_flash_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> Any:
+    out, lse = _ring_forward(ring, q, k, v, *ids)
+    return out, (q, k, v, ids, out, lse)
+
+
+def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
+    q, k, v, ids, out, lse = res
+    q_seg, k_seg, q_idx, k_idx = ids
+    delta = jnp.sum(dout * out, axis=-1)  # the final output's: every block's probabilities are the final ones
+
+    def grads(dq: jax.Array, dk: jax.Array, dv: jax.Array, k: jax.Array, v: jax.Array, k_idx: Any, k_seg: Any) -> Any:
+        """The accumulated gradients plus this block's share: ``dk``/``dv`` are the block's own, from the devices
+        it has visited before."""
+        seg, idx = _pair(q_seg, k_seg), _pair(q_idx, k_idx)
+        dq_b, dk_b, dv_b = _key_block_grads(
+            ring.spec, q, k.astype(q.dtype), v.astype(q.dtype), seg, idx, dout, lse, delta
+        )
+        return dq + dq_b, dk + dk_b, dv + dv_b
+
+    def step(_: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        dq, dk, dv, *block = carry
+        dq, dk, dv = grads(dq, dk, dv, *block)
+        # the block goes on while its gradients are computed; its gradients follow it
+        return dq, *ring.pass_on(dk, dv), *ring.pass_on(*block)
+
+    # the key/value gradients accumulate (float32) in buffers that travel around the ring with their block
+    init = (jnp.zeros_like(q), jnp.zeros(k.shape, q.dtype), jnp.zeros(v.shape, q.dtype), k, v, k_idx, k_seg)
+    dq, dk, dv, *block = lax.fori_loop(0, ring.devices - 1, step, init)
+    dq, dk, dv = grads(dq, dk, dv, *block)
+    dk, dv = ring.pass_on(dk, dv)  # one more hop: back to the device the block came from
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), *(None for _ in ids)
+
+
+_ring_flash.defvjp(_ring_flash_fwd, _ring_flash_bwd)
 
 
 def _ring_blockwise_local(
@@ -226,36 +323,27 @@ def _ring_blockwise_local(
     soft_cap: float | None,
     block_size: int,
 ) -> jax.Array:
-    """:func:`_ring_local` with each step computed by the blockwise kernel: its output and log-sum-exp per query row
-    merge into the running ones (``lse = logaddexp(lse, lse_b)``), so no step materializes its scores."""
+    """:func:`_ring_local` with each step computed by the blockwise kernel (float32): its output and log-sum-exp per
+    query row merge into the running ones (``lse = logaddexp(lse, lse_b)``), so no step materializes its scores, and
+    the custom VJP of :func:`_ring_flash` keeps nothing per step (activation memory falls as ``1 / devices``)."""
     qf, back = _flash_layout(q, n_shared)
-    out = jnp.zeros((*qf.shape[:-1], v.shape[-1]), jnp.float32)
-    lse = jnp.full(qf.shape[:-1], UNSEEN_LSE, jnp.float32)
-    perm = [(i, (i + 1) % devices) for i in range(devices)]
-    for step in range(devices):
-        out_b, lse_b = _flash_arrays(
-            qf,
-            k.astype(jnp.float32),
-            v.astype(jnp.float32),
-            q_seg if k_seg is not None else None,
-            k_seg,
-            block_size=block_size,
-            causal=causal or window is not None,
-            window=window,
-            scale=scale,
-            soft_cap=soft_cap,
-            q_idx=q_idx,
-            k_idx=k_idx,
-            with_lse=True,
-        )
-        merged = jnp.logaddexp(lse, lse_b)
-        out = out * jnp.exp(lse - merged)[..., None] + out_b * jnp.exp(lse_b - merged)[..., None]
-        lse = merged
-        if axis is not None and step < devices - 1:
-            k, v, k_idx = (jax.lax.ppermute(x, axis, perm) for x in (k, v, k_idx))
-            if k_seg is not None:
-                k_seg = jax.lax.ppermute(k_seg, axis, perm)
-    return back(out).astype(v.dtype)
+    lq = qf.shape[-2]
+    spec, (qf, k, v, q_seg, k_seg, q_idx, k_idx) = _padded(
+        qf,
+        k,
+        v,
+        q_seg if k_seg is not None else None,
+        k_seg,
+        block_size=block_size,
+        causal=causal or window is not None,
+        window=window,
+        scale=scale,
+        soft_cap=soft_cap,
+        q_idx=q_idx,
+        k_idx=k_idx,
+    )
+    out = _ring_flash(_Ring(spec, axis, devices), qf, k, v, q_seg, k_seg, q_idx, k_idx)
+    return back(out[..., :lq, :]).astype(v.dtype)
 
 
 def context_parallel_attention(
