@@ -1,6 +1,6 @@
 """Context parallelism: attention over a zig-zag permuted ``position`` axis split over 4 of 8 simulated devices
-equals single-device attention in the original order (outputs and gradients), with packed segments, sliding windows
-and soft caps; the zig-zag example leaves the next-token loss unchanged."""
+equals single-device attention in the original order (outputs and gradients), with packed segments, sliding windows,
+soft caps and attention sinks; the zig-zag example leaves the next-token loss unchanged."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ponente.namedtensor as hax
-from ponente.models import AttentionMask, LlamaConfig, LmExample, compute_next_token_loss
+from ponente.models import AttentionMask, LlamaConfig, LmExample, compute_next_token_loss, config_for_type
 from ponente.models.attention import attention
 from ponente.models.attention.ring import ring_attention
 from ponente.models.context_parallel import check_context_split, zigzag_example, zigzag_permutation
@@ -68,6 +68,7 @@ CASES = {
     "sliding_packed": {"window": 6, "cap": None},
     "softcap_sliding_packed": {"window": 6, "cap": 2.0},
     "full": {"window": None, "cap": None, "causal": False, "packed": False},  # no mask: every key block, no ids
+    "sinks_sliding_packed": {"window": 6, "cap": None, "sinks": True},  # gpt-oss: a sink logit per query head
 }
 
 
@@ -91,7 +92,7 @@ def test_ring_attention_on_one_device_is_the_reference() -> None:
         np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-5)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c for c in CASES if not CASES[c].get("sinks")])  # sinks: the flash kernel's tests
 def test_flash_follows_token_indices(case: str) -> None:
     """The blockwise kernel on permuted tokens (token indices, tiles hidden by the mask skipped) equals the
     reference on the original order, values and gradients."""
@@ -126,18 +127,33 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
     backend = "flash" if mode.endswith("_flash") else "reference"
     strategy = mode.removesuffix("_flash")
 
-    def attend(q, k, v, mask):
+    # gpt-oss's sinks (one logit per query head) are a fourth differentiable input
+    sinks = (hax.random.normal(jax.random.key(5), (KVHeads, Group)),) if CASES[case].get("sinks") else ()
+
+    def attend(mask, q, k, v, *sinks):
         return attention(
-            Pos, HeadSize, q, k, v, mask, backend=backend, block_size=4, logit_soft_cap=cap, context_parallel=strategy
+            Pos,
+            HeadSize,
+            q,
+            k,
+            v,
+            mask,
+            backend=backend,
+            block_size=4,
+            logit_soft_cap=cap,
+            context_parallel=strategy,
+            sinks=sinks[0] if sinks else None,
         )
 
-    def value_and_grads(q, k, v, mask):
-        out = attend(q, k, v, mask)
-        grads = jax.grad(lambda a, b, c: _objective(attend(a, b, c, mask)), argnums=(0, 1, 2))(q, k, v)
+    every = tuple(range(3 + len(sinks)))
+
+    def value_and_grads(mask, *xs):
+        out = attend(mask, *xs)
+        grads = jax.grad(lambda *a: _objective(attend(mask, *a)), argnums=every)(*xs)
         return out, grads
 
     # the single-device reference, in the original order
-    ref_out, ref_grads = jax.jit(value_and_grads)(q, k, v, mask)
+    ref_out, ref_grads = jax.jit(value_and_grads)(mask, q, k, v, *sinks)
 
     inverse = np.argsort(perm)
     pq, pk, pv = (_permute(x, perm) for x in (q, k, v))
@@ -146,19 +162,20 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
     mesh = hax.partitioning.make_mesh({"data": 2, "context": CONTEXT}, devices=jax.devices()[:8])
 
     @hax.named_jit(axis_resources=mapping)
-    def run(q, k, v, mask):
-        q, k, v, mask = hax.shard((q, k, v, mask), mapping)
-        out = hax.shard(attend(q, k, v, mask), mapping)
+    def run(mask, *xs):
+        q, k, v, mask = hax.shard((*xs[:3], mask), mapping)
+        xs = (q, k, v, *xs[3:])
+        out = hax.shard(attend(mask, *xs), mapping)
 
-        def objective(a, b, c):
+        def objective(*a):
             # the reference's objective weights positions in the original order
-            return _objective(_permute(attend(a, b, c, mask), inverse))
+            return _objective(_permute(attend(mask, *a), inverse))
 
-        return out, jax.grad(objective, argnums=(0, 1, 2))(q, k, v)
+        return out, jax.grad(objective, argnums=every)(*xs)
 
     with hax.partitioning.set_mesh(mesh):
-        hlo = run.lower(pq, pk, pv, pmask).as_text()
-        out, grads = run(pq, pk, pv, pmask)
+        hlo = run.lower(pmask, pq, pk, pv, *sinks).as_text()
+        out, grads = run(pmask, pq, pk, pv, *sinks)
     if strategy == "ring":  # key/value blocks travel around the ring, never gathered
         assert "collective_permute" in hlo or "collective-permute" in hlo
     else:
@@ -169,7 +186,7 @@ def test_context_parallel_attention_matches_one_device(case: str, mode: str) -> 
     assert shard.shape[out.axis_indices("batch")] == Batch.size // 2
     np.testing.assert_allclose(np.asarray(_permute(out, inverse).array), np.asarray(ref_out.array), atol=1e-5)
     for got, want in zip(grads, ref_grads, strict=True):
-        back = np.asarray(_permute(got, inverse).array)
+        back = np.asarray((_permute(got, inverse) if got.has_axis("position") else got).array)
         np.testing.assert_allclose(back, np.asarray(want.array), atol=1e-5)
 
 
@@ -241,6 +258,42 @@ def test_blockwise_ring_keeps_no_more_memory_than_allgather() -> None:
         with hax.partitioning.set_mesh(_mesh()):
             temp[mode] = grads.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
     assert temp["ring"] <= temp["allgather"], temp
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "olmo2", "gpt_oss", "deepseek_v3"])
+def test_every_family_takes_the_context_parallel_key(family: str) -> None:
+    """``model.attention_context_parallel`` reaches every attention layer a family builds (a family that built its
+    own attention and dropped the key would silently run ``allgather``)."""
+    tiny = {"seq_len": 16, "hidden_dim": 16, "intermediate_dim": 32, "num_layers": 2, "num_heads": 4}
+    extra: dict[str, dict[str, object]] = {
+        "gpt2": {"num_kv_heads": 4},
+        "gpt_oss": {"num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4},
+        "deepseek_v3": {
+            "num_kv_heads": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_dim": 8,
+            "n_group": 2,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": 8,
+            "q_lora_rank": 8,
+            "qk_rope_head_dim": 4,
+            "qk_nope_head_dim": 4,
+            "v_head_dim": 4,
+        },
+    }
+    config = config_for_type(family)(
+        **tiny, **extra.get(family, {"num_kv_heads": 2}), attention_context_parallel="ring"
+    )
+    model = eqx.filter_eval_shape(lambda key: config.build(hax.Axis("vocab", 32), key=key), jax.random.key(0))
+    layers = [
+        x
+        for x in jax.tree_util.tree_leaves(model, is_leaf=lambda x: hasattr(x, "context_parallel"))
+        if hasattr(x, "context_parallel")
+    ]
+    assert layers
+    assert {x.context_parallel for x in layers} == {"ring"}
 
 
 def test_zigzag_example_keeps_the_loss() -> None:

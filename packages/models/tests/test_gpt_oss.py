@@ -134,6 +134,9 @@ def test_logits_routing_and_aux_loss_match_transformers(pair: tuple[Any, GptOssL
         np.testing.assert_allclose(np.asarray(routing.weights.array[layer]).reshape(-1, k), weights, atol=1e-5)
     expected = float(out.aux_loss) * hf.config.router_aux_loss_coef
     np.testing.assert_allclose(float(aux["router_aux_loss"].scalar()), expected, rtol=1e-5)
+    # the sinks (and sliding windows) through the blockwise kernel, tiles of 4
+    flash = port(hf, attn_backend="flash", flash_attention_block_size=4)
+    np.testing.assert_allclose(np.asarray(_forward(flash, _named(ids))[0].array), out.logits.numpy(), atol=TOL, rtol=0)
 
 
 def test_sorted_dispatch_matches_transformers() -> None:
@@ -236,9 +239,17 @@ def test_attention_sinks_only_on_backends_that_compute_them() -> None:
     q = hax.random.normal(jax.random.key(0), (Pos, Heads, Hd))
     sinks = hax.named(jnp.array([0.5, -1.0]), "heads")
     with pytest.raises(ValueError, match="attention sinks"):
-        attention(Pos, Hd, q, q, q, AttentionMask.causal(), backend="flash", sinks=sinks)
-    for platform, dtype in (("cpu", "float32"), ("gpu", "bfloat16"), ("tpu", "bfloat16")):
-        assert auto_backend(AttentionCall(platform, dtype, seq_len=4096, head_size=64, sinks=True)) == "reference"
+        attention(Pos, Hd, q, q, q, AttentionMask.causal(), backend="xla", sinks=sinks)
+    # only the reference and the blockwise kernel compute sinks: auto takes the kernel where it would anyway
+    for platform, dtype, seq_len, want in (
+        ("cpu", "float32", 4096, "flash"),
+        ("cpu", "float32", 128, "reference"),
+        ("gpu", "bfloat16", 4096, "reference"),
+        ("gpu", "bfloat16", 16384, "flash"),
+        ("tpu", "bfloat16", 4096, "reference"),
+    ):
+        call = AttentionCall(platform, dtype, seq_len=seq_len, head_size=64, sinks=True)
+        assert auto_backend(call) == want, (platform, seq_len)
     # a sink of -inf is no sink at all
     plain = attention(Pos, Hd, q, q, q, AttentionMask.causal(), backend="reference")
     none = attention(Pos, Hd, q, q, q, AttentionMask.causal(), sinks=hax.full(Heads, -jnp.inf))
@@ -267,7 +278,7 @@ def test_config_checks_flops_and_round_trip() -> None:
     hf = cfg.to_hf_config(11)
     assert GptOssConfig.from_hf_config(hf) == cfg
     assert config_for_type("gpt_oss") is GptOssConfig
-    _error(lambda: GptOssConfig(**base, attn_backend="flash"), "attn_backend")
+    _error(lambda: GptOssConfig(**base, attn_backend="xla"), "attn_backend")
     _error(lambda: GptOssConfig(**{**base, "num_experts_per_tok": 5}), "num_experts_per_tok")
     _error(lambda: GptOssConfig(**{**base, "sliding_window": None}), "sliding_window")
     _error(lambda: GptOssConfig(**base, qk_norm=True), "qk_norm")

@@ -1,5 +1,5 @@
-"""Context parallelism is a config change: a tiny Llama, a tiny Mistral (sliding window) and a tiny DeepSeek-V3 (latent
-attention, MoE) trained on packed documents
+"""Context parallelism is a config change: a tiny Llama, a tiny Mistral (sliding window), a tiny DeepSeek-V3 (latent
+attention, MoE) and a tiny gpt-oss (attention sinks, sliding and full layers, MoE) trained on packed documents
 on 8 simulated devices with ``context_axis_size`` 4 (x data 2) give the losses and parameters of 1 device; bad
 context keys fail naming the key.
 
@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import ponente.namedtensor as hax
-from ponente.models import DeepseekV3Config, LlamaConfig, MistralConfig
+from ponente.models import DeepseekV3Config, GptOssConfig, LlamaConfig, MistralConfig
 from ponente.trainer.tasks.lm import lm_batch, lm_loss_fn
 from ponente.trainer.trainer import Trainer, TrainerConfig
 
@@ -44,8 +44,18 @@ MODELS = {
         v_head_dim=4,
     ),
 }
-STACKS = {"deepseek_v3_ring": 2}
-"""Layer stacks whose attention is traced apart (DeepSeek-V3: the dense first blocks, then the MoE blocks)."""
+# gpt-oss: attention sinks, alternating sliding-window (48) and full layers, MoE
+MODELS["gpt_oss_ring"] = GptOssConfig(
+    seq_len=SEQ,
+    attention_context_parallel="ring",
+    **SMALL,
+    sliding_window=48,
+    num_experts=4,
+    num_experts_per_tok=2,
+)
+STACKS = {"deepseek_v3_ring": 2, "gpt_oss_ring": 2}
+"""Models whose attention is traced twice (DeepSeek-V3: the dense first blocks, then the MoE blocks; gpt-oss: its
+sliding-window and its full layers)."""
 
 
 def batches(seq):

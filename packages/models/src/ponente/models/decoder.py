@@ -302,6 +302,7 @@ class FusedQkvAttention(eqx.Module):
         scaling: multiplies the attention logits (None: ``1 / sqrt(head_size)``) (static).
         backend: the attention backend (see :func:`~ponente.models.attention.attention`) (static).
         block_size: the flash-attention tile size over positions (static).
+        context_parallel: the attention under context parallelism, ``"allgather"`` or ``"ring"`` (static).
     """
 
     c_attn: Linear
@@ -309,6 +310,7 @@ class FusedQkvAttention(eqx.Module):
     scaling: float | None = eqx.field(static=True, default=None)
     backend: str = eqx.field(static=True, default="auto")
     block_size: int = eqx.field(static=True, default=128)
+    context_parallel: str = eqx.field(static=True, default="allgather")
 
     @staticmethod
     def init_projections(Embed: Axis, Heads: Axis, HeadSize: Axis, *, key: jax.Array) -> tuple[Linear, Linear]:
@@ -339,7 +341,16 @@ class FusedQkvAttention(eqx.Module):
         del key
         HeadSize = q.resolve_axis("head_size")
         return attention(
-            Pos, HeadSize, q, k, v, mask, scaling_factor=self.scaling, backend=self.backend, block_size=self.block_size
+            Pos,
+            HeadSize,
+            q,
+            k,
+            v,
+            mask,
+            scaling_factor=self.scaling,
+            backend=self.backend,
+            block_size=self.block_size,
+            context_parallel=self.context_parallel,
         )
 
     def decode_backend(self) -> str:
@@ -377,7 +388,7 @@ class QkNormAttention(ModuleWithStateDictSerialization):
         soft_cap: caps the attention logits with ``cap * tanh(logits / cap)`` (None: no cap; only the backends that
             support it, see :mod:`ponente.models.attention.backends`) (static).
         sinks: one learned logit per query head (axis ``heads``, Hugging Face's head order), added to the softmax's
-            denominator (gpt-oss; only the ``reference`` backend and the KV cache compute it), or None.
+            denominator (gpt-oss; the ``reference`` and ``flash`` backends and the KV cache compute it), or None.
     """
 
     attn: Attention

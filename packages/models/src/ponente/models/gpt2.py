@@ -209,6 +209,7 @@ class Gpt2Attention(FusedQkvAttention):
             scaling=config.HeadSize.size**-0.5 if config.scale_attn_weights else 1.0,
             backend=config.attn_backend,
             block_size=config.flash_attention_block_size,
+            context_parallel=config.attention_context_parallel,
             config=config,
         )
 

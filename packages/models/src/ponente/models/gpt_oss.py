@@ -68,8 +68,9 @@ class GptOssConfig(LlamaConfig):
     the hidden size of one expert (Hugging Face ``intermediate_size``). What is new:
 
     - **attention sinks**: one learned logit per query head joins each softmax's denominator (state-dict key
-      ``self_attn.sinks``; see :class:`~ponente.models.QkNormAttention`). Only the ``reference`` attention backend
-      computes them (``auto`` picks it; the KV cache's attention has them too).
+      ``self_attn.sinks``; see :class:`~ponente.models.QkNormAttention`). The ``reference`` and ``flash``
+      attention backends compute them (``auto`` picks one of them; the KV cache's attention has them too), under
+      context parallelism too.
     - **experts**: ``down(act(gate(x) + b_gate, up(x) + b_up)) + b_down`` with the clamped SwiGLU
       :class:`~ponente.models.moe.ClampedSwiGlu`; the router has a bias and softmaxes over the ``k`` chosen logits
       (:func:`~ponente.models.moe.route_top_k_softmax`).
@@ -186,6 +187,7 @@ class GptOssConfig(LlamaConfig):
             key=key,
             backend=self.attn_backend,
             block_size=self.flash_attention_block_size,
+            context_parallel=self.attention_context_parallel,
         )
         return QkNormAttention(attn=attn, q_norm=None, k_norm=None, sinks=hax.zeros(self.Heads))
 

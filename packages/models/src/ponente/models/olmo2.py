@@ -69,6 +69,7 @@ class Olmo2Config(LlamaConfig):
             key=key,
             backend=self.attn_backend,
             block_size=self.flash_attention_block_size,
+            context_parallel=self.attention_context_parallel,
         )
         eps = self.layer_norm_epsilon
         return QkNormAttention(

@@ -69,13 +69,13 @@ def attention(
         block_size: the tile size over positions of ``"flash"`` (and of ``"pallas"`` on GPU).
         logit_soft_cap: caps the scaled logits with ``cap * tanh(logits / cap)`` before masking (Gemma 2);
             None: no cap.
-        sinks: per-head sink logits over the query's head axes, added to the softmax's denominator (gpt-oss; only
-            ``"reference"`` computes them, and ``"auto"`` picks it); None: none.
+        sinks: per-head sink logits over the query's head axes, added to the softmax's denominator (gpt-oss;
+            ``"reference"`` and ``"flash"`` compute them, and ``"auto"`` picks one of them); None: none.
         context_parallel: when the current mesh splits ``Pos`` (context parallelism) and ``mask`` is an
             :class:`AttentionMask`, ``"allgather"`` or ``"ring"``: each device attends its own query rows inside
             ``shard_map`` (:func:`~ponente.models.attention.ring.context_parallel_attention`); with
             ``"allgather"``, blockwise when the backend (``"auto"`` resolved for the call) is not ``"reference"``.
-            Calls with sinks or an explicit mask are left to the compiler's partitioning.
+            Calls with an explicit mask are left to the compiler's partitioning.
 
     Returns:
         The attended values with the query's axes.
@@ -95,7 +95,7 @@ def attention(
     """
     call = AttentionCall.of(Pos, HeadSize, query, key, value, mask, logit_soft_cap, sinks=sinks is not None)
     query, key, value = tag((query, key, value), "attn_qkv")
-    if sinks is None and isinstance(mask, AttentionMask) and context_axis(Pos)[1] > 1:
+    if isinstance(mask, AttentionMask) and context_axis(Pos)[1] > 1:
         _check_backend(backend)
         chosen = auto_backend(call) if backend == "auto" else backend
         out = context_parallel_attention(
@@ -110,6 +110,7 @@ def attention(
             block_size=block_size,
             scaling_factor=scaling_factor,
             logit_soft_cap=logit_soft_cap,
+            sinks=sinks,
         )
         return tag(out, "attn_context")
     out = resolve_backend(backend, call).fn(

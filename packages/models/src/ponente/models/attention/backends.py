@@ -9,7 +9,7 @@ whether the backend computes it, or why not.
 backend        runs on     causal   GQA    window    segments  soft cap  sinks  notes
 =============  ==========  =======  =====  ========  ========  ========  =====  ====================================
 ``reference``  anywhere    yes      yes    yes       yes       yes       yes    materializes the scores; explicit masks
-``flash``      anywhere    yes      yes    yes       yes       yes       no     pure-JAX blockwise, O(seq * block)
+``flash``      anywhere    yes      yes    yes       yes       yes       yes    pure-JAX blockwise, O(seq * block)
 ``xla``        anywhere    yes      yes    yes       yes       no        no     ``jax.nn.dot_product_attention``
 ``cudnn``      NVIDIA GPU  yes      yes    yes       yes [1]   no        no     bf16/fp16, head size % 8, <= 128
 ``pallas``     GPU, TPU    yes      yes    TPU only  yes       TPU only  no     Triton (GPU), splash (TPU) kernels
@@ -17,7 +17,7 @@ backend        runs on     causal   GQA    window    segments  soft cap  sinks  
 
 [1] as an additive ``(batch, 1, position, key_position)`` bias. Only ``reference`` and ``xla`` take an explicit
 boolean mask. Attention sinks (a per-head logit in the softmax's denominator, gpt-oss) are computed by ``reference``
-alone; the others refuse a call with sinks, so ``auto`` picks ``reference`` for it.
+and ``flash``; the others refuse a call with sinks, so ``auto`` picks one of those two for it.
 
 ``"auto"`` (:func:`auto_backend`) is decided statically, never by trying: it walks the device's preference list
 (:data:`AUTO_PREFERENCE`, or :data:`SHORT_SEQ_PREFERENCE`'s below its length) and takes the first backend that
@@ -97,7 +97,7 @@ class AttentionBackend:
     def refuses(self, call: AttentionCall) -> str | None:
         """None if the backend computes ``call``, else a phrase saying what it does not support."""
         if call.sinks and not self.sinks:
-            return "attention sinks (only 'reference' computes them)"
+            return "attention sinks (only 'reference' and 'flash' compute them)"
         if call.token_index and self.fn not in (reference_attention, flash_attention):
             return "a mask ordered by token indices (context parallelism's zig-zag split; 'reference' and 'flash')"
         return self.supports(call)
@@ -111,7 +111,7 @@ def _flash_supports(call: AttentionCall) -> str | None:
 
 BACKENDS: dict[str, AttentionBackend] = {
     "reference": AttentionBackend(reference_attention, lambda call: None, soft_cap=True, sinks=True),
-    "flash": AttentionBackend(flash_attention, _flash_supports, soft_cap=True),
+    "flash": AttentionBackend(flash_attention, _flash_supports, soft_cap=True, sinks=True),
     "xla": AttentionBackend(xla_attention, xla_supports),
     "cudnn": AttentionBackend(cudnn_attention, cudnn_supports),
     "pallas": AttentionBackend(pallas_attention, pallas_supports, soft_cap=True),

@@ -175,6 +175,26 @@ def _unblock(stacked: jax.Array, features: int, shape: tuple[int, ...]) -> jax.A
     return jnp.moveaxis(stacked, 0, -2 - features).reshape(shape)
 
 
+def _with_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """The attention output and log-sum-exp with one more logit per row, ``sinks`` (broadcast to ``lse``'s shape),
+    in the softmax's denominator and no value (gpt-oss's attention sinks); unchanged for None."""
+    if sinks is None:
+        return out, lse
+    total = jnp.logaddexp(lse, sinks)
+    return out * jnp.exp(lse - total)[..., None], total
+
+
+def _sink_grad(sinks: jax.Array | None, lse: jax.Array, delta: jax.Array) -> jax.Array | None:
+    """The gradient of the sink logits (None for None): a sink is one more column of the softmax whose value is 0,
+    so its logit's gradient is ``p_sink * (0 - delta)`` per row, with ``p_sink = exp(sink - lse)`` (``lse`` the
+    denominator's, sinks included), summed over the dimensions ``sinks`` is broadcast along."""
+    if sinks is None:
+        return None
+    grad = -jnp.exp(sinks - lse) * delta
+    axes = tuple(i for i, (n, m) in enumerate(zip(sinks.shape, grad.shape, strict=True)) if n == 1 and m != 1)
+    return jnp.sum(grad, axis=axes, keepdims=True).astype(sinks.dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(
     spec: _Spec,
@@ -185,8 +205,9 @@ def _flash(
     k_seg: jax.Array | None,
     q_idx: jax.Array | None,
     k_idx: jax.Array | None,
+    sinks: jax.Array | None,
 ) -> jax.Array:
-    return _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))[0]
+    return _flash_fwd(spec, q, k, v, q_seg, k_seg, q_idx, k_idx, sinks)[0]
 
 
 def _flash_fwd(
@@ -198,16 +219,17 @@ def _flash_fwd(
     k_seg: jax.Array | None,
     q_idx: jax.Array | None,
     k_idx: jax.Array | None,
+    sinks: jax.Array | None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    out, lse = _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
-    return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
+    out, lse = _with_sinks(*_forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx)), sinks)
+    return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, sinks, out, lse)
 
 
 def _flash_bwd(spec: _Spec, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
-    q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse = res
+    q, k, v, q_seg, k_seg, q_idx, k_idx, sinks, out, lse = res
     delta = jnp.sum(dout * out, axis=-1)  # [..., g, L]: rowwise sum of dP * P
     dq, dk, dv = _key_block_grads(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx), dout, lse, delta)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, _sink_grad(sinks, lse, delta)
 
 
 def _key_block_grads(
@@ -343,6 +365,7 @@ def _flash_arrays(
     soft_cap: float | None = None,
     q_idx: jax.Array | None = None,
     k_idx: jax.Array | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Flash attention on positional arrays: ``q [..., g, Lq, D]``, ``k [..., Lk, D]``, ``v [..., Lk, Dv]``.
 
@@ -352,6 +375,8 @@ def _flash_arrays(
     index of each query and key, e.g. a device's queries against all keys under context parallelism), causality and
     windows compare the indices. Pads both lengths up to a multiple of the block (padded keys are masked, padded
     queries dropped). ``soft_cap`` (None: none) caps the scaled scores with ``soft_cap * tanh(s / soft_cap)``.
+    ``sinks`` (None: none), ``[..., g, 1]`` (or broadcast dimensions of size 1), are per-head logits added to each
+    softmax's denominator (gpt-oss's attention sinks).
     """
     q_len = q.shape[-2]
     spec, (q, k, v, q_seg, k_seg, q_idx, k_idx) = _padded(
@@ -368,7 +393,7 @@ def _flash_arrays(
         q_idx=q_idx,
         k_idx=k_idx,
     )
-    return _flash(spec, q, k, v, q_seg, k_seg, q_idx, k_idx)[..., :q_len, :]
+    return _flash(spec, q, k, v, q_seg, k_seg, q_idx, k_idx, sinks)[..., :q_len, :]
 
 
 def _check_axes(Pos: Axis, HeadSize: Axis, query: NamedArray, key: NamedArray, value: NamedArray) -> None:
@@ -424,15 +449,17 @@ def flash_attention(
         dtype: the dtype of scores, softmax statistics and accumulators (None: at least float32).
         logit_soft_cap: caps the scaled scores with ``cap * tanh(scores / cap)`` before masking (Gemma 2); the
             gradients go through the cap. None: no cap.
-        sinks: must be None (this backend has no attention sinks; ``reference`` has).
+        sinks: per-head sink logits over the query's head axes (gpt-oss), added to each softmax's denominator; the
+            gradient reaches them. None: none.
 
     Returns:
         The attended values: the query's axes (with the value's feature axes in place of ``HeadSize``),
         in the dtype of ``query`` and ``value`` combined.
 
     Raises:
-        ValueError: for sinks, an explicit NamedArray mask, a block size or sliding window below 1, a soft cap that is
-            not positive, or axes that do not line up (the message names the axis).
+        ValueError: for sinks over an axis the query's heads lack, an explicit NamedArray mask, a block size or
+            sliding window below 1, a soft cap that is not positive, or axes that do not line up (the message names
+            the axis).
 
     Example:
         >>> import jax, ponente.namedtensor as hax
@@ -450,8 +477,6 @@ def flash_attention(
             "explicit NamedArray mask; pass an AttentionMask (causal, sliding_window, segment_ids) or use "
             "backend='reference'"
         )
-    if sinks is not None:
-        raise ValueError("flash_attention: the 'flash' attention backend has no attention sinks; use 'reference'")
     if block_size < 1:
         raise ValueError(f"flash_attention: block_size must be >= 1, got {block_size}")
     if mask is not None and mask.sliding_window is not None and mask.sliding_window < 1:
@@ -504,6 +529,13 @@ def flash_attention(
             )
         index = mask.token_index.array
 
+    sink_rows: jax.Array | None = None
+    if sinks is not None:
+        heads = (*kv_batch, *q_extra)
+        outside = [ax.name for ax in sinks.axes if ax.name not in {h.name for h in heads}]
+        if outside:
+            raise ValueError(f"flash_attention: sinks axes {outside} are not head axes of the query ({heads})")
+        sink_rows = hax.broadcast_to(sinks, heads).array.reshape(*b, g, 1).astype(acc)
     out = _flash_arrays(
         q_raw.astype(acc),
         k_raw.astype(acc),
@@ -518,6 +550,7 @@ def flash_attention(
         soft_cap=None if logit_soft_cap is None else float(logit_soft_cap),
         q_idx=index,
         k_idx=index,
+        sinks=sink_rows,
     )
     axes = (*kv_batch, *q_extra, Pos, *v_feat)
     named = NamedArray(out.reshape(tuple(ax.size for ax in axes)).astype(out_dtype), axes)

@@ -39,7 +39,17 @@ from ponente.namedtensor.partitioning import pspec_for_axis
 
 from .._mesh_axis import current_or_abstract_mesh, split_axis
 from ._mask import AttentionMask
-from .flash import UNSEEN_LSE, _flash_arrays, _forward, _key_block_grads, _padded, _pair, _Spec
+from .flash import (
+    UNSEEN_LSE,
+    _flash_arrays,
+    _forward,
+    _key_block_grads,
+    _padded,
+    _pair,
+    _sink_grad,
+    _Spec,
+    _with_sinks,
+)
 
 __all__ = ["ATTENTION_CONTEXT_PARALLEL", "context_axis", "context_parallel_attention", "ring_attention"]
 
@@ -76,6 +86,7 @@ def _ring_local(
     causal: bool,
     window: int | None,
     soft_cap: float | None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """One device's part, from materialized scores (the ``reference`` backend). ``q``: ``(shared..., Lq, rest...,
     D)``; ``k``/``v``: ``(shared..., Lk, D)``; indices ``(L,)``; segment ids ``(shared..., L)`` or None. Returns
@@ -133,7 +144,12 @@ def _ring_local(
             kf, vf, k_idx = (jax.lax.ppermute(x, axis, perm) for x in (kf, vf, k_idx))
             if ks is not None:
                 ks = jax.lax.ppermute(ks, axis, perm)
-    _, l_sum, acc = carry
+    m, l_sum, acc = carry
+    if sinks is not None:  # one more logit per (row, head) in the denominator, attending to nothing
+        sink = sinks.reshape(s, 1, r).astype(jnp.float32)
+        top = jnp.maximum(m, sink)
+        l_sum = l_sum * jnp.exp(m - top) + jnp.exp(sink - top)
+        acc = acc * jnp.exp(m - top)[..., None]
     out = acc / l_sum[..., None]
     return out.reshape(*shared_shape, lq, *rest_shape, d).astype(v.dtype)
 
@@ -155,6 +171,7 @@ def _gathered_local(
     window: int | None,
     soft_cap: float | None,
     block_size: int | None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """One device's part of all-gather attention: its queries against every key and value of the context axis.
 
@@ -182,6 +199,7 @@ def _gathered_local(
             causal=causal,
             window=window,
             soft_cap=soft_cap,
+            sinks=sinks,
         )
     qf, back = _flash_layout(q, n_shared)
     out = _flash_arrays(
@@ -197,8 +215,16 @@ def _gathered_local(
         soft_cap=soft_cap,
         q_idx=q_idx,
         k_idx=k_idx,
+        sinks=_sink_rows(sinks, n_shared),
     )
     return back(out).astype(v.dtype)
+
+
+def _sink_rows(sinks: jax.Array | None, n_shared: int) -> jax.Array | None:
+    """Sink logits ``(shared..., rest...)`` in the blockwise kernel's layout ``(shared..., g, 1)`` (float32)."""
+    if sinks is None:
+        return None
+    return sinks.reshape(*sinks.shape[:n_shared], -1, 1).astype(jnp.float32)
 
 
 def _flash_layout(q: jax.Array, n_shared: int) -> tuple[jax.Array, Any]:
@@ -257,25 +283,30 @@ def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: j
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ring_flash(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> jax.Array:
+def _ring_flash(
+    ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, sinks: jax.Array | None, *ids: jax.Array | None
+) -> jax.Array:
     """One device's blockwise ring attention: ``q [..., g, Lq, D]`` (float32) against the ``k``/``v``
     ``[..., Lk, D]`` blocks of all devices, with segment ids and token indices ``(q_seg, k_seg, q_idx, k_idx)``
-    (None where the mask does not use them), all padded to the block as :func:`.flash._padded` does.
+    (None where the mask does not use them), all padded to the block as :func:`.flash._padded` does. ``sinks``
+    (``[..., g, 1]`` or None) join the final softmax's denominator (gpt-oss), as in the blockwise kernel.
 
     Its VJP keeps only the inputs, the output and the final log-sum-exp, whatever the number of devices; the backward
     pass runs the ring again, recomputing each block's probabilities from the final log-sum-exp, and the key/value
     gradients travel with their block back to the device that owns it.
     """
-    return _ring_forward(ring, q, k, v, *ids)[0]
+    return _ring_flash_fwd(ring, q, k, v, sinks, *ids)[0]
 
 
-def _ring_flash_fwd(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, *ids: jax.Array | None) -> Any:
-    out, lse = _ring_forward(ring, q, k, v, *ids)
-    return out, (q, k, v, ids, out, lse)
+def _ring_flash_fwd(
+    ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, sinks: jax.Array | None, *ids: jax.Array | None
+) -> Any:
+    out, lse = _with_sinks(*_ring_forward(ring, q, k, v, *ids), sinks)
+    return out, (q, k, v, sinks, ids, out, lse)
 
 
 def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple[Any, ...]:
-    q, k, v, ids, out, lse = res
+    q, k, v, sinks, ids, out, lse = res
     q_seg, k_seg, q_idx, k_idx = ids
     delta = jnp.sum(dout * out, axis=-1)  # the final output's: every block's probabilities are the final ones
 
@@ -299,7 +330,7 @@ def _ring_flash_bwd(ring: _Ring, res: tuple[Any, ...], dout: jax.Array) -> tuple
     dq, dk, dv, *block = lax.fori_loop(0, ring.devices - 1, step, init)
     dq, dk, dv = grads(dq, dk, dv, *block)
     dk, dv = ring.pass_on(dk, dv)  # one more hop: back to the device the block came from
-    return dq, dk.astype(k.dtype), dv.astype(v.dtype), *(None for _ in ids)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), _sink_grad(sinks, lse, delta), *(None for _ in ids)
 
 
 _ring_flash.defvjp(_ring_flash_fwd, _ring_flash_bwd)
@@ -322,6 +353,7 @@ def _ring_blockwise_local(
     window: int | None,
     soft_cap: float | None,
     block_size: int,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """:func:`_ring_local` with each step computed by the blockwise kernel (float32): its output and log-sum-exp per
     query row merge into the running ones (``lse = logaddexp(lse, lse_b)``), so no step materializes its scores, and
@@ -342,7 +374,8 @@ def _ring_blockwise_local(
         q_idx=q_idx,
         k_idx=k_idx,
     )
-    out = _ring_flash(_Ring(spec, axis, devices), qf, k, v, q_seg, k_seg, q_idx, k_idx)
+    ring = _Ring(spec, axis, devices)
+    out = _ring_flash(ring, qf, k, v, _sink_rows(sinks, n_shared), q_seg, k_seg, q_idx, k_idx)
     return back(out[..., :lq, :]).astype(v.dtype)
 
 
@@ -359,6 +392,7 @@ def context_parallel_attention(
     block_size: int = 128,
     scaling_factor: float | None = None,
     logit_soft_cap: float | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """Attention with the contract of :func:`~ponente.models.attention.attention` with ``Pos`` split over a mesh
     axis (context parallelism), each device computing its own query rows inside ``shard_map``.
@@ -381,13 +415,15 @@ def context_parallel_attention(
         block_size: its tile size.
         scaling_factor: multiplies the scores (None: ``1/sqrt(HeadSize.size)``).
         logit_soft_cap: caps the scaled logits (``cap * tanh(logits / cap)``) before masking; None: no cap.
+        sinks: per-head sink logits over the query's head axes, added to each softmax's denominator (gpt-oss); None:
+            none.
 
     Returns:
         The attended values with the query's axes (the value's dtype).
 
     Raises:
-        ValueError: for an explicit boolean mask (the mask is built per device from its description) or an unknown
-            ``mode``.
+        ValueError: for an explicit boolean mask (the mask is built per device from its description), an unknown
+            ``mode``, or sinks over an axis the query's heads lack.
     """
     if mask is not None and not isinstance(mask, AttentionMask):
         raise ValueError(
@@ -408,6 +444,13 @@ def context_parallel_attention(
     seg = None
     if mask is not None and mask.segment_ids is not None:
         seg = hax.broadcast_to(mask.segment_ids, (*shared, Pos)).rearrange((*shared, Pos)).array
+    sink = None
+    if sinks is not None:
+        heads = (*shared, *rest)
+        outside = [ax.name for ax in sinks.axes if ax.name not in {h.name for h in heads}]
+        if outside:
+            raise ValueError(f"context-parallel attention: sinks axes {outside} are not head axes of the query")
+        sink = hax.broadcast_to(sinks, heads).rearrange(heads).array  # as q's (shared..., rest...), for shard_map
     axis, devices = context_axis(Pos)
     kwargs: dict[str, Any] = {
         "n_shared": len(shared),
@@ -423,24 +466,30 @@ def context_parallel_attention(
     else:
         local = _ring_local
     if axis is None:
-        out = local(q.array, k.array, v.array, index.array, index.array, seg, seg, axis=None, devices=1, **kwargs)
+        out = local(
+            q.array, k.array, v.array, index.array, index.array, seg, seg, axis=None, devices=1, sinks=sink, **kwargs
+        )
     else:
         q_spec, k_spec = pspec_for_axis(q.axes), pspec_for_axis(k.axes)
         idx_spec = PartitionSpec(axis)
-        seg_spec = pspec_for_axis((*shared, Pos))
-        present = seg is not None
+        optional = [  # (array, spec) of the inputs a call may lack
+            (seg, pspec_for_axis((*shared, Pos))),
+            (sink, pspec_for_axis((*shared, *rest))),
+        ]
+        given = [(x, spec) for x, spec in optional if x is not None]
 
-        def body(qa: Any, ka: Any, va: Any, ia: Any, *segs: Any) -> Any:
-            s = segs[0] if present else None
-            return local(qa, ka, va, ia, ia, s, s, axis=axis, devices=devices, **kwargs)
+        def body(qa: Any, ka: Any, va: Any, ia: Any, *more: Any) -> Any:
+            it = iter(more)
+            s, sk = (next(it) if x is not None else None for x, _ in optional)
+            return local(qa, ka, va, ia, ia, s, s, axis=axis, devices=devices, sinks=sk, **kwargs)
 
         out = jax.shard_map(
             body,
             mesh=current_or_abstract_mesh(),
-            in_specs=(q_spec, k_spec, k_spec, idx_spec, *((seg_spec,) if present else ())),
+            in_specs=(q_spec, k_spec, k_spec, idx_spec, *(spec for _, spec in given)),
             out_specs=q_spec,
             check_vma=False,
-        )(q.array, k.array, v.array, index.array, *((seg,) if present else ()))
+        )(q.array, k.array, v.array, index.array, *(x for x, _ in given))
     return hax.named(out, q.axes).rearrange(query.axes)
 
 
