@@ -93,7 +93,12 @@ def tests(session: nox.Session, package: str) -> None:
 def multidevice(session: nox.Session) -> None:
     """Tests marked `multidevice`, with 8 simulated CPU devices."""
     _install_all(session)
-    session.env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    # the 8 devices' programs share the machine's cores: on a loaded 2-core machine one device's thread may reach a
+    # collective long after the others, and XLA:CPU's default rendezvous timeout then aborts the process; wait longer
+    session.env["XLA_FLAGS"] = (
+        "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=900"
+        " --xla_cpu_collective_call_warn_stuck_timeout_seconds=120"
+    )
     _pytest_each_package(session, "-m", "multidevice", *session.posargs)
 
 
