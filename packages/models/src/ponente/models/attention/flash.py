@@ -221,7 +221,8 @@ def _flash_fwd(
     k_idx: jax.Array | None,
     sinks: jax.Array | None,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    out, lse = _with_sinks(*_forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx)), sinks)
+    out, lse = _forward(spec, q, k, v, _pair(q_seg, k_seg), _pair(q_idx, k_idx))
+    out, lse = _with_sinks(out, lse, sinks)
     return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, sinks, out, lse)
 
 

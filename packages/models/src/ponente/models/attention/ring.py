@@ -301,7 +301,8 @@ def _ring_flash(
 def _ring_flash_fwd(
     ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array, sinks: jax.Array | None, *ids: jax.Array | None
 ) -> Any:
-    out, lse = _with_sinks(*_ring_forward(ring, q, k, v, *ids), sinks)
+    out, lse = _ring_forward(ring, q, k, v, *ids)
+    out, lse = _with_sinks(out, lse, sinks)
     return out, (q, k, v, sinks, ids, out, lse)
 
 
