@@ -105,15 +105,17 @@ EXPERT_LOAD = "router/expert_load"
 a balancing bias (``router_bias_update_rate > 0``): what :func:`~ponente.models.moe.update_balance_bias` reads."""
 
 
-def grouped_attention(config: Any, rotary: Any, *, key: jax.Array) -> Attention:
-    """A block's grouped-query attention without biases: the config's axes (``Embed``, ``KVHeads``,
-    ``QHeadsPerGroup``, ``HeadSize``) and attention backend, with the rotary embedding ``rotary``."""
+def grouped_attention(config: Any, rotary: Any, *, key: jax.Array, use_bias: bool = False) -> Attention:
+    """A block's grouped-query attention: the config's axes (``Embed``, ``KVHeads``, ``QHeadsPerGroup``,
+    ``HeadSize``), attention backend, tile size and context-parallel mode, with the rotary embedding ``rotary``, and
+    biases on the projections if ``use_bias``. Every family's grouped-query attention is built here, so a config key
+    of the attention reaches all of them."""
     return Attention.init(
         config.Embed,
         config.KVHeads,
         config.QHeadsPerGroup,
         config.HeadSize,
-        use_bias=False,
+        use_bias=use_bias,
         rotary=rotary,
         key=key,
         backend=config.attn_backend,

@@ -18,7 +18,7 @@ from ._layer_types import FULL, SLIDING, check_layer_types
 from .attention import Attention
 from .attention.backends import check_sinks_backend
 from .config import register_config
-from .decoder import GatedMlp, QkNormAttention
+from .decoder import GatedMlp, QkNormAttention, grouped_attention
 from .llama import LlamaConfig, LlamaLMHeadModel
 from .moe import ClampedSwiGlu, MoeMlp, check_moe_fields, sparse_flops_per_token
 from .rotary import RotaryConfig
@@ -177,18 +177,7 @@ class GptOssConfig(LlamaConfig):
 
     def init_attention(self, *, key: jax.Array) -> Attention | QkNormAttention:
         """Grouped-query attention with (zero) biases if ``attention_bias``, and zero sinks (one per query head)."""
-        attn = Attention.init(
-            self.Embed,
-            self.KVHeads,
-            self.QHeadsPerGroup,
-            self.HeadSize,
-            use_bias=self.attention_bias,
-            rotary=self.rope,
-            key=key,
-            backend=self.attn_backend,
-            block_size=self.flash_attention_block_size,
-            context_parallel=self.attention_context_parallel,
-        )
+        attn = grouped_attention(self, self.rope, key=key, use_bias=self.attention_bias)
         return QkNormAttention(attn=attn, q_norm=None, k_norm=None, sinks=hax.zeros(self.Heads))
 
     def init_feed_forward(self, keys: jax.Array) -> GatedMlp | MoeMlp:

@@ -11,9 +11,8 @@ import jax
 from ponente.namedtensor import Axis
 from ponente.namedtensor.nn import RmsNorm
 
-from .attention import Attention
 from .config import register_config
-from .decoder import NormPlacement, QkNormAttention
+from .decoder import NormPlacement, QkNormAttention, grouped_attention
 from .llama import LlamaConfig, LlamaLMHeadModel
 
 __all__ = ["Olmo2Config", "Olmo2LMHeadModel"]
@@ -59,18 +58,7 @@ class Olmo2Config(LlamaConfig):
 
     def init_attention(self, *, key: jax.Array) -> QkNormAttention:
         """Attention (biases if ``attention_bias``) with a QK-norm over the whole projection (all head axes)."""
-        attn = Attention.init(
-            self.Embed,
-            self.KVHeads,
-            self.QHeadsPerGroup,
-            self.HeadSize,
-            use_bias=self.attention_bias,
-            rotary=self.rope,
-            key=key,
-            backend=self.attn_backend,
-            block_size=self.flash_attention_block_size,
-            context_parallel=self.attention_context_parallel,
-        )
+        attn = grouped_attention(self, self.rope, key=key, use_bias=self.attention_bias)
         eps = self.layer_norm_epsilon
         return QkNormAttention(
             attn=attn,
