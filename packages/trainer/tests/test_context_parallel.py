@@ -193,10 +193,11 @@ def test_context_composes_with_expert_parallelism():
     """A tiny Mixtral with context 2 x expert 2 trains like 1 device.
 
     On 4 of the 8 simulated devices: with all 8 (context 2 x expert 2 x data 2) XLA:CPU deadlocks within a few
-    steps. Its thunk executor hands independent collectives of one program to a shared worker pool, each blocks
-    its worker in the rendezvous, and once every worker waits, the devices still to arrive never get to run
-    (reproduced in 1 of 5 test runs, and within 5 steps of a 300-step loop; 4 devices ran 4,500 steps without it).
-    GPUs and TPUs issue collectives in program order on streams, so this is the CPU backend's limitation.
+    steps. Its thunk executor hands a program's independent collectives to its worker pool, which has one thread per
+    simulated device; each collective blocks its worker in the rendezvous, and once every worker waits, the devices
+    still to arrive never get to run (1 in 5 test runs; 7 of 7 300-step loops within their first steps). A mesh of
+    4 (4,500 steps), or of 8 out of 16 simulated devices (1,800 steps), never hung. GPUs and TPUs issue
+    collectives in program order on streams, so this is the CPU backend's limitation.
     """
     from ponente.models import MixtralConfig
 
